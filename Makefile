@@ -1,0 +1,46 @@
+# The two set-up commands: `make demo` and `make test`. Each creates .venv if missing and installs
+# the project into it (editable); nothing is expected to be installed by hand.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.gristmill-installed
+# The CPU build of PyTorch; on this project's machines pip takes it from a wheel already on disk.
+TORCH_SPEC ?= torch==2.13.0
+# Debian packages the tests serve or drive (a real documentation site to crawl).
+SYSTEM_PACKAGES ?= python3.11-doc
+
+.PHONY: test demo lint system-deps bench-env clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip setuptools wheel
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test,torch,tokenizers,s3]"
+	touch $(STAMP)
+
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "note: missing Debian packages:$$missing (tests that need them will fail; install them as root)"; fi; \
+	fi
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+test: $(STAMP) system-deps lint
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(PY) -m pipeline.demo
+
+# Competitors for benchmarks/ live in their own environment so they never change the tested one.
+bench-env: pyproject.toml benchmarks/requirements.txt
+	test -x .venv-bench/bin/python || $(PYTHON) -m venv .venv-bench
+	.venv-bench/bin/python -m pip install -q -U pip setuptools wheel
+	.venv-bench/bin/python -m pip install -q "$(TORCH_SPEC)"
+	.venv-bench/bin/python -m pip install -q -e ".[test,tokenizers,s3]" -r benchmarks/requirements.txt
+	.venv-bench/bin/python -m pip install -q --no-deps "mosaicml-streaming==0.13.0"
+
+clean:
+	rm -rf $(VENV) .venv-bench demo-output build *.egg-info

@@ -1,0 +1,95 @@
+"""``gristmill inspect CORPUS``: what a corpus holds, read from its manifest alone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Any
+
+from pipeline.format import Corpus, CorpusError
+
+HELP = "Summarise a corpus from its manifest: shards, rows, bytes, row groups, schema (--verify checks checksums)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("corpus", help="corpus folder or URL (local path, s3://, memory://)")
+    parser.add_argument("--verify", action="store_true", help="re-read every shard and compare checksums")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def human_bytes(count: float) -> str:
+    """1536 -> '1.5 KiB'; for people reading summaries."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+def summarise(corpus: Corpus, verify: bool) -> dict[str, Any]:
+    group_bytes = [g.length for s in corpus.shards for g in s.row_groups]
+    group_rows = [g.rows for s in corpus.shards for g in s.row_groups]
+    summary: dict[str, Any] = {
+        "url": corpus.url,
+        "format_version": corpus.manifest.format_version,
+        "created": corpus.manifest.created,
+        "shards": len(corpus.shards),
+        "rows": corpus.num_rows,
+        "bytes": corpus.manifest.num_bytes,
+        "row_groups": {
+            "count": len(group_bytes),
+            "bytes_min": min(group_bytes, default=0),
+            "bytes_median": int(statistics.median(group_bytes)) if group_bytes else 0,
+            "bytes_max": max(group_bytes, default=0),
+            "rows_median": int(statistics.median(group_rows)) if group_rows else 0,
+        },
+        "schema": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in corpus.schema],
+        "shard_list": [{"path": s.path, "rows": s.rows, "bytes": s.bytes, "row_groups": len(s.row_groups)}
+                       for s in corpus.shards],
+        "stats": corpus.stats,
+    }
+    if verify:
+        results = corpus.verify()
+        summary["verify"] = {
+            "ok": all(r.ok for r in results),
+            "failed": [{"path": r.path, "detail": r.detail} for r in results if not r.ok],
+        }
+    return summary
+
+
+def render(summary: dict[str, Any]) -> str:
+    rg = summary["row_groups"]
+    lines = [
+        f"corpus   {summary['url']}  (format v{summary['format_version']}, committed {summary['created']})",
+        f"shards   {summary['shards']}   rows {summary['rows']:,}   size {human_bytes(summary['bytes'])}",
+        f"blocks   {rg['count']} row groups, {human_bytes(rg['bytes_min'])} / {human_bytes(rg['bytes_median'])} / "
+        f"{human_bytes(rg['bytes_max'])} (min/median/max), ~{rg['rows_median']:,} rows each",
+        "schema   " + ", ".join(f"{f['name']}: {f['type']}" for f in summary["schema"]),
+    ]
+    for shard in summary["shard_list"][:20]:
+        lines.append(f"  {shard['path']}  {shard['rows']:,} rows  {human_bytes(shard['bytes'])}  "
+                     f"{shard['row_groups']} row groups")
+    if len(summary["shard_list"]) > 20:
+        lines.append(f"  ... and {len(summary['shard_list']) - 20} more shards")
+    if "verify" in summary:
+        if summary["verify"]["ok"]:
+            lines.append(f"verify   all {summary['shards']} shards match their checksums")
+        else:
+            for failure in summary["verify"]["failed"]:
+                lines.append(f"CORRUPT  {failure['path']}: {failure['detail']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        corpus = Corpus.open(args.corpus)
+    except CorpusError as exc:
+        print(f"gristmill inspect: {exc}", file=sys.stderr)
+        return 2
+    summary = summarise(corpus, args.verify)
+    print(json.dumps(summary, indent=2) if args.json else render(summary))
+    if args.verify and not summary["verify"]["ok"]:
+        return 1
+    return 0
