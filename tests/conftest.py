@@ -1,0 +1,43 @@
+"""Fixtures shared by several test modules: a real S3-protocol server on loopback."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[dict]:
+    """moto's standalone S3 server on 127.0.0.1; yields fsspec storage options for s3fs."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    mp = pytest.MonkeyPatch()
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+    }.items():
+        mp.setenv(key, value)
+    try:
+        yield {"endpoint_url": endpoint, "storage_options": {"client_kwargs": {"endpoint_url": endpoint}}}
+    finally:
+        mp.undo()
+        server.stop()
+
+
+@pytest.fixture()
+def s3_bucket(s3_server: dict) -> str:
+    """A fresh, empty bucket on the loopback S3 server; returns its s3:// URL."""
+    import s3fs
+
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    fs = s3fs.S3FileSystem(**s3_server["storage_options"])
+    fs.mkdir(name)
+    return f"s3://{name}"
