@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip setuptools wheel
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test,torch,tokenizers,s3]"
+	$(PY) -m pip install -q -e ".[test,torch,tokenizers,s3,cluster]"
 	touch $(STAMP)
 
 system-deps:
