@@ -1,1 +1,34 @@
-"""gristmill dedup."""
+"""gristmill dedup: exact and MinHash near-duplicate detection as a plain library (no Ray, no I/O).
+
+See docs/DEDUP.md for the normalisation steps, shingles, hashes, the band choice and the survivor
+policy.
+"""
+
+from .cluster import UnionFind, choose_representatives, connected_components
+from .core import STATUSES, DedupResult, deduplicate
+from .lsh import band_hashes, bucket_edges, estimated_jaccard, optimal_bands, s_curve
+from .minhash import DEFAULT_SEED, MERSENNE_61, SENTINEL, MinHasher
+from .normalize import NO_SPACE_RANGES, NormalizeOptions, content_hash, content_hashes, normalize
+
+__all__ = [
+    "DEFAULT_SEED",
+    "MERSENNE_61",
+    "NO_SPACE_RANGES",
+    "SENTINEL",
+    "STATUSES",
+    "DedupResult",
+    "MinHasher",
+    "NormalizeOptions",
+    "UnionFind",
+    "band_hashes",
+    "bucket_edges",
+    "choose_representatives",
+    "connected_components",
+    "content_hash",
+    "content_hashes",
+    "deduplicate",
+    "estimated_jaccard",
+    "normalize",
+    "optimal_bands",
+    "s_curve",
+]

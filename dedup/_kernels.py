@@ -1,0 +1,298 @@
+"""Compiled (numba) inner loops of the dedup library.
+
+Everything here works on whole batches: the UTF-8 bytes of all documents in one ``uint8`` array plus
+``int64`` offsets, so the per-character and per-shingle work never runs in the Python interpreter.
+All arithmetic is on ``uint64`` with explicitly typed constants (numba promotes ``uint64 op int64`` to
+float, which would silently lose bits), and the MinHash permutations are computed exactly modulo the
+Mersenne prime 2**61 - 1 (see ``_perm``), so the results are bit-identical on every machine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# Character classes of the lookup table built in ``dedup.normalize``.
+CLASS_OTHER = 0
+CLASS_SPACE = 1
+CLASS_PUNCT = 2
+CLASS_DIGIT = 3
+CLASS_NOSPACE = 4  # a letter of a script written without spaces between words (CJK, Thai, ...)
+
+MERSENNE_61 = (1 << 61) - 1
+SENTINEL = np.uint64(0xFFFFFFFFFFFFFFFF)  # signature value of a document without any shingle
+
+_P = np.uint64(MERSENNE_61)
+_M32 = np.uint64(0xFFFFFFFF)
+_M29 = np.uint64((1 << 29) - 1)
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+_FMIX_1 = np.uint64(0xFF51AFD7ED558CCD)
+_FMIX_2 = np.uint64(0xC4CEB9FE1A85EC53)
+_SHINGLE_SEED = np.uint64(0x9E3779B97F4A7C15)
+_BAND_SEED = np.uint64(0xD6E8FEB86659FD93)
+_U3 = np.uint64(3)
+_U29 = np.uint64(29)
+_U32 = np.uint64(32)
+_U33 = np.uint64(33)
+_U61 = np.uint64(61)
+_SPACE = np.uint8(0x20)
+_ZERO_DIGIT = np.uint8(0x30)
+
+MODE_WORD = 0
+MODE_CHAR = 1
+MODE_AUTO = 2
+
+
+@njit(cache=True, inline="always")
+def _fmix64(h):
+    """MurmurHash3's 64-bit finaliser: a bijective avalanche mix."""
+    h ^= h >> _U33
+    h *= _FMIX_1
+    h ^= h >> _U33
+    h *= _FMIX_2
+    h ^= h >> _U33
+    return h
+
+
+@njit(cache=True, inline="always")
+def _mod_p(h):
+    """``h mod (2**61 - 1)`` for any uint64 ``h``."""
+    r = (h & _P) + (h >> _U61)
+    if r >= _P:
+        r -= _P
+    return r
+
+
+@njit(cache=True, inline="always")
+def _perm(a_lo, a_hi, x, b):
+    """``(a * x + b) mod (2**61 - 1)`` exactly, for ``a, x, b < 2**61`` (a given as 32-bit halves).
+
+    The 122-bit product is built from four 32x32->64-bit partial products (none can overflow) and
+    folded with ``2**61 == 1 (mod p)``: ``hi * 2**64 == 8 * hi`` and ``mid * 2**32`` splits at bit 29.
+    The sum of the folded parts stays below 2**64, so no step wraps around.
+    """
+    x_lo = x & _M32
+    x_hi = x >> _U32
+    lo = a_lo * x_lo
+    mid = a_lo * x_hi + a_hi * x_lo
+    hi = a_hi * x_hi
+    s = (hi << _U3) + (mid >> _U29) + ((mid & _M29) << _U32) + (lo & _P) + (lo >> _U61) + b
+    s = (s & _P) + (s >> _U61)
+    if s >= _P:
+        s -= _P
+    return s
+
+
+@njit(cache=True, inline="always")
+def _decode(data, i):
+    """The code point starting at byte ``i`` of valid UTF-8 and its length in bytes."""
+    b0 = np.int64(data[i])
+    if b0 < 0x80:
+        return b0, 1
+    if b0 < 0xE0:
+        return ((b0 & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F), 2
+    if b0 < 0xF0:
+        return ((b0 & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F), 3
+    return (
+        ((b0 & 0x07) << 18)
+        | ((np.int64(data[i + 1]) & 0x3F) << 12)
+        | ((np.int64(data[i + 2]) & 0x3F) << 6)
+        | (np.int64(data[i + 3]) & 0x3F)
+    ), 4
+
+
+@njit(cache=True)
+def fold(data, offsets, table, punctuation, digits, whitespace):
+    """Punctuation, digit and whitespace folding of a batch of UTF-8 documents.
+
+    Punctuation/symbols become one space, decimal digits become ``0``, and with ``whitespace`` every
+    run of white space becomes one space with none at either end. Returns new ``(data, offsets)``;
+    the output is never longer than the input.
+    """
+    n = offsets.shape[0] - 1
+    out = np.empty(data.shape[0], dtype=np.uint8)
+    out_offsets = np.zeros(n + 1, dtype=np.int64)
+    o = 0
+    for d in range(n):
+        i = offsets[d]
+        end = offsets[d + 1]
+        start = o
+        pending_space = False
+        while i < end:
+            cp, length = _decode(data, i)
+            cls = table[cp]
+            if punctuation and cls == CLASS_PUNCT:
+                cls = CLASS_SPACE
+                if not whitespace:
+                    out[o] = _SPACE
+                    o += 1
+                    i += length
+                    continue
+            if whitespace and cls == CLASS_SPACE:
+                pending_space = o > start
+                i += length
+                continue
+            if pending_space:
+                out[o] = _SPACE
+                o += 1
+                pending_space = False
+            if digits and cls == CLASS_DIGIT:
+                out[o] = _ZERO_DIGIT
+                o += 1
+            else:
+                for k in range(length):
+                    out[o + k] = data[i + k]
+                o += length
+            i += length
+        out_offsets[d + 1] = o
+    return out[:o], out_offsets
+
+
+@njit(cache=True)
+def _tokens(data, start, end, table, punctuation, digits, char_mode, out):
+    """Hash every token of one document into ``out``; returns the number of tokens.
+
+    A token is a run of characters that are neither white space nor (with ``punctuation``) a
+    punctuation/symbol character; in ``char_mode`` each such character is a token of its own. A
+    token's hash is FNV-1a over its UTF-8 bytes (a folded digit counts as ``0``) followed by fmix64.
+    """
+    count = 0
+    h = _FNV_OFFSET
+    open_token = False
+    i = start
+    while i < end:
+        cp, length = _decode(data, i)
+        cls = table[cp]
+        if cls == CLASS_SPACE or (punctuation and cls == CLASS_PUNCT):
+            if open_token:
+                out[count] = _fmix64(h)
+                count += 1
+                open_token = False
+                h = _FNV_OFFSET
+            i += length
+            continue
+        if digits and cls == CLASS_DIGIT:
+            h = (h ^ np.uint64(0x30)) * _FNV_PRIME
+        else:
+            for k in range(length):
+                h = (h ^ np.uint64(data[i + k])) * _FNV_PRIME
+        open_token = True
+        if char_mode:
+            out[count] = _fmix64(h)
+            count += 1
+            open_token = False
+            h = _FNV_OFFSET
+        i += length
+    if open_token:
+        out[count] = _fmix64(h)
+        count += 1
+    return count
+
+
+@njit(cache=True)
+def _is_nospace_script(data, start, end, table, punctuation, min_fraction):
+    """True when at least ``min_fraction`` of the token characters belong to a script without spaces."""
+    total = 0
+    nospace = 0
+    i = start
+    while i < end:
+        cp, length = _decode(data, i)
+        cls = table[cp]
+        if not (cls == CLASS_SPACE or (punctuation and cls == CLASS_PUNCT)):
+            total += 1
+            if cls == CLASS_NOSPACE:
+                nospace += 1
+        i += length
+    return total > 0 and nospace >= min_fraction * total
+
+
+@njit(cache=True)
+def minhash(data, offsets, table, punctuation, digits, mode, word_ngram, char_ngram, nospace_fraction, a, b):
+    """MinHash signatures of a batch: ``(n_docs, len(a))`` uint64, values in ``[0, 2**61 - 1)``.
+
+    Shingles are n consecutive tokens; a shingle's hash chains fmix64 over its token hashes and is
+    reduced mod 2**61 - 1. A document with fewer than n tokens is one shingle of all its tokens; one
+    without tokens gets ``SENTINEL`` everywhere. Returns the signatures and the mode used per document.
+    """
+    n = offsets.shape[0] - 1
+    num_perm = a.shape[0]
+    sig = np.empty((n, num_perm), dtype=np.uint64)
+    used_mode = np.empty(n, dtype=np.uint8)
+    longest = 0
+    for d in range(n):
+        longest = max(longest, offsets[d + 1] - offsets[d])
+    scratch = np.empty(max(longest, 1), dtype=np.uint64)
+    for d in range(n):
+        start = offsets[d]
+        end = offsets[d + 1]
+        char_mode = mode == MODE_CHAR
+        if mode == MODE_AUTO:
+            char_mode = _is_nospace_script(data, start, end, table, punctuation, nospace_fraction)
+        used_mode[d] = MODE_CHAR if char_mode else MODE_WORD
+        ngram = char_ngram if char_mode else word_ngram
+        count = _tokens(data, start, end, table, punctuation, digits, char_mode, scratch)
+        if count == 0:
+            sig[d, :] = SENTINEL
+            continue
+        span = min(ngram, count)
+        shingles = count - span + 1
+        for s in range(shingles):  # in place: shingle s reads tokens s .. s+span-1 only
+            h = _SHINGLE_SEED
+            for k in range(span):
+                h = _fmix64(h ^ scratch[s + k])
+            scratch[s] = _mod_p(h)
+        for j in range(num_perm):
+            aj_lo = a[j] & _M32  # masked here so the compiler knows both halves fit 32 bits
+            aj_hi = a[j] >> _U32
+            bj = b[j]
+            best = SENTINEL
+            for s in range(shingles):
+                v = _perm(aj_lo, aj_hi, scratch[s], bj)
+                if v < best:
+                    best = v
+            sig[d, j] = best
+    return sig, used_mode
+
+
+@njit(cache=True)
+def band_hashes(signatures, bands, rows):
+    """One uint64 per (document, band): fmix64 chained over the band's rows, seeded by the band index."""
+    n = signatures.shape[0]
+    out = np.empty((n, bands), dtype=np.uint64)
+    for d in range(n):
+        for k in range(bands):
+            h = _fmix64(_BAND_SEED ^ np.uint64(k))
+            for r in range(k * rows, (k + 1) * rows):
+                h = _fmix64(h ^ signatures[d, r])
+            out[d, k] = h
+    return out
+
+
+@njit(cache=True)
+def _find(parent, x):
+    while parent[x] != x:
+        parent[x] = parent[parent[x]]  # path halving
+        x = parent[x]
+    return x
+
+
+@njit(cache=True)
+def union_edges(parent, left, right):
+    """Union-find over ``parent`` for every edge; the root of a set is always its smallest index."""
+    for e in range(left.shape[0]):
+        ra = _find(parent, left[e])
+        rb = _find(parent, right[e])
+        if ra < rb:
+            parent[rb] = ra
+        elif rb < ra:
+            parent[ra] = rb
+
+
+@njit(cache=True)
+def roots(parent):
+    """The root of every element (compressing every path on the way)."""
+    out = np.empty(parent.shape[0], dtype=np.int64)
+    for i in range(parent.shape[0]):
+        out[i] = _find(parent, i)
+    return out

@@ -1,0 +1,104 @@
+"""Union-find clustering of candidate edges and the choice of one survivor per cluster."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from . import _kernels as K
+
+
+class UnionFind:
+    """Disjoint sets over a fixed set of int64 document keys, fed with edges batch by batch.
+
+    Edges from several batches (say, each band or each input partition) can be added one after the
+    other; ``labels`` then names every key's component by the smallest key in it, whatever the order
+    the edges came in.
+    """
+
+    def __init__(self, keys: np.ndarray) -> None:
+        self._keys = np.unique(np.asarray(keys, dtype=np.int64))
+        if self._keys.size != np.asarray(keys).size:
+            raise ValueError("document keys must be unique")
+        self._parent = np.arange(self._keys.size, dtype=np.int64)
+
+    def _index(self, keys: np.ndarray, what: str) -> np.ndarray:
+        keys = np.asarray(keys, dtype=np.int64)
+        index = np.searchsorted(self._keys, keys)
+        found = index < self._keys.size
+        found[found] = self._keys[index[found]] == keys[found]
+        if not found.all():
+            raise KeyError(f"{what} holds keys that are not documents, e.g. {int(keys[~found][0])}")
+        return index
+
+    def union(self, left: np.ndarray, right: np.ndarray) -> UnionFind:
+        """Merge the sets of ``left[i]`` and ``right[i]`` for every i; returns self."""
+        left_index = self._index(left, "left")
+        right_index = self._index(right, "right")
+        if left_index.shape != right_index.shape:
+            raise ValueError(f"left and right differ in length: {left_index.size} and {right_index.size}")
+        K.union_edges(self._parent, left_index, right_index)
+        return self
+
+    def labels(self, keys: np.ndarray | None = None) -> np.ndarray:
+        """The smallest key of each key's component (for ``keys``, default all keys in sorted order)."""
+        root_keys = self._keys[K.roots(self._parent)]
+        if keys is None:
+            return root_keys
+        return root_keys[self._index(keys, "keys")]
+
+
+def connected_components(keys: np.ndarray, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """Component label of every key (in the order of ``keys``): the smallest key in its component."""
+    return UnionFind(keys).union(left, right).labels(keys)
+
+
+def _dense_rank(values: np.ndarray | pa.Array | pa.ChunkedArray | list) -> np.ndarray:
+    """Ascending rank of each value (equal values share a rank); works for numbers and strings."""
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        values = values.to_numpy(zero_copy_only=False)
+    values = np.asarray(values)
+    if values.dtype == object:
+        values = values.astype(str)
+    return np.unique(values, return_inverse=True)[1].reshape(-1)
+
+
+def choose_representatives(
+    labels: np.ndarray,
+    lengths: np.ndarray,
+    ids: np.ndarray | pa.Array | list,
+    priority: np.ndarray | pa.Array | list | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One survivor per cluster: ``(is_representative, index of each row's representative)``.
+
+    The survivor has the highest ``priority`` (when given), then the greatest length, then the
+    smallest id, so the choice depends only on the data, never on input order or partitioning.
+    """
+    labels = np.asarray(labels)
+    n = labels.shape[0]
+    lengths = np.asarray(lengths, dtype=np.int64)
+    id_rank = _dense_rank(ids)
+    if lengths.shape[0] != n or id_rank.shape[0] != n:
+        raise ValueError(
+            f"labels, lengths and ids differ in length: {n}, {lengths.shape[0]}, {id_rank.shape[0]}"
+        )
+    sort_keys = [id_rank, -lengths]
+    if priority is not None:
+        if isinstance(priority, pa.Array | pa.ChunkedArray):
+            priority = priority.to_numpy(zero_copy_only=False)
+        priority = np.asarray(priority)
+        if priority.dtype.kind == "f" and np.isnan(priority).any() or priority.dtype == object:
+            raise ValueError("priority must be numbers without nulls or NaN")
+        priority_rank = _dense_rank(priority)
+        if priority_rank.shape[0] != n:
+            raise ValueError(f"priority has {priority_rank.shape[0]} values for {n} documents")
+        sort_keys.append(-priority_rank)
+    sort_keys.append(_dense_rank(labels))
+    order = np.lexsort(sort_keys)
+    group_start = np.ones(n, dtype=bool)
+    sorted_labels = labels[order]
+    group_start[1:] = sorted_labels[1:] != sorted_labels[:-1]
+    first_of_group = order[group_start]
+    rep_index = np.empty(n, dtype=np.int64)
+    rep_index[order] = np.repeat(first_of_group, np.diff(np.append(np.flatnonzero(group_start), n)))
+    return rep_index == np.arange(n), rep_index

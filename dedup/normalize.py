@@ -1,0 +1,157 @@
+"""Text normalisation for hashing, and exact content hashes.
+
+Two documents that differ only in Unicode form, letter case, punctuation, spacing (or, optionally,
+digits) should hash alike. ``normalize`` applies, in this order and each switchable:
+
+1. ``nfkc``: Unicode NFKC (compatibility forms: full-width letters, ligatures, non-breaking spaces).
+2. ``casefold``: ``str.casefold`` (stronger than lower-casing: ``Straße`` -> ``strasse``).
+3. ``punctuation``: every punctuation or symbol character (general category ``P*`` or ``S*``) becomes a
+   space, so ``end.Start`` still splits into two words.
+4. ``digits`` (off by default): every decimal digit (category ``Nd``) becomes ``0``.
+5. ``whitespace``: every run of white space (``str.isspace``) becomes one space; none at either end.
+
+Steps 1-2 use CPython's C implementations; steps 3-5 run compiled over the UTF-8 bytes of a whole
+batch with a code point class table built once per process from ``unicodedata`` (so the result
+follows the Unicode version of the running Python).
+"""
+
+from __future__ import annotations
+
+import functools
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from . import _kernels as K
+
+# Scripts written without spaces between words: documents mostly in these get character shingles.
+NO_SPACE_RANGES: tuple[tuple[int, int], ...] = (
+    (0x0E00, 0x0EFF),  # Thai, Lao
+    (0x0F00, 0x0FFF),  # Tibetan
+    (0x1000, 0x109F),  # Myanmar
+    (0x1780, 0x17FF),  # Khmer
+    (0x3040, 0x30FF),  # Hiragana, Katakana
+    (0x31F0, 0x31FF),  # Katakana phonetic extensions
+    (0x3400, 0x4DBF),  # CJK extension A
+    (0x4E00, 0x9FFF),  # CJK unified ideographs
+    (0xF900, 0xFAFF),  # CJK compatibility ideographs
+    (0xFF66, 0xFF9F),  # half-width Katakana
+    (0x20000, 0x323AF),  # CJK extensions B-H
+)
+
+Texts = Sequence[str] | pa.Array | pa.ChunkedArray
+
+
+@dataclass(frozen=True)
+class NormalizeOptions:
+    """Which normalisation steps run (see the module docstring for what each one does)."""
+
+    nfkc: bool = True
+    casefold: bool = True
+    whitespace: bool = True
+    punctuation: bool = True
+    digits: bool = False
+
+
+DEFAULT_NORMALIZE = NormalizeOptions()
+
+
+@functools.cache
+def class_table() -> np.ndarray:
+    """The class of every code point (``_kernels.CLASS_*``), built once per process.
+
+    Only planes 0-3 and the tag/variation-selector block of plane 14 hold white space, punctuation,
+    symbols or digits; the rest of the code space is unassigned or private use and stays ``OTHER``.
+    """
+    table = np.zeros(0x110000, dtype=np.uint8)
+    for cp in (*range(0x40000), *range(0xE0000, 0xE1000)):
+        ch = chr(cp)
+        if ch.isspace():
+            table[cp] = K.CLASS_SPACE
+            continue
+        category = unicodedata.category(ch)
+        if category[0] in "PS":
+            table[cp] = K.CLASS_PUNCT
+        elif category == "Nd":
+            table[cp] = K.CLASS_DIGIT
+    for lo, hi in NO_SPACE_RANGES:
+        block = table[lo : hi + 1]
+        block[block == K.CLASS_OTHER] = K.CLASS_NOSPACE
+    table.flags.writeable = False
+    return table
+
+
+def as_strings(texts: Texts) -> list[str]:
+    """The documents as a list of str; a null or non-str entry is an error naming its position."""
+    if isinstance(texts, pa.ChunkedArray | pa.Array):
+        texts = texts.to_pylist()
+    strings = list(texts)
+    for i, text in enumerate(strings):
+        if not isinstance(text, str):
+            kind = "null" if text is None else f"a {type(text).__name__}, not str"
+            raise TypeError(f"document {i} is {kind}")
+    return strings
+
+
+def prefold(strings: list[str], options: NormalizeOptions) -> list[str]:
+    """Steps 1-2 (NFKC, case folding) on every document."""
+    if options.nfkc:
+        strings = [unicodedata.normalize("NFKC", s) for s in strings]
+    if options.casefold:
+        strings = [s.casefold() for s in strings]
+    return strings
+
+
+def utf8_batch(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The UTF-8 bytes of all documents in one array, with int64 offsets (``n + 1`` of them)."""
+    try:
+        array = pa.array(strings, type=pa.large_string())
+    except (pa.ArrowInvalid, UnicodeEncodeError):
+        for i, s in enumerate(strings):
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise ValueError(f"document {i} is not valid Unicode: {err}") from None
+        raise
+    _, offsets_buf, data_buf = array.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[array.offset : array.offset + len(array) + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    data.flags.writeable = False  # always the same array type, so numba compiles each kernel once
+    return data, offsets
+
+
+def prepare(texts: Texts, options: NormalizeOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Steps 1-2 applied and the batch encoded: the input of the compiled kernels."""
+    return utf8_batch(prefold(as_strings(texts), options))
+
+
+def fold_prepared(data: np.ndarray, offsets: np.ndarray, options: NormalizeOptions):
+    """Steps 3-5 on a prepared batch: the fully normalised UTF-8 bytes and their offsets."""
+    return K.fold(data, offsets, class_table(), options.punctuation, options.digits, options.whitespace)
+
+
+def normalize(text: str, options: NormalizeOptions = DEFAULT_NORMALIZE) -> str:
+    """The normalised form of one text (the exact input of ``content_hash``)."""
+    data, offsets = fold_prepared(*prepare([text], options), options)
+    return data[: offsets[1]].tobytes().decode("utf-8")
+
+
+def hashes_of_folded(data: np.ndarray, offsets: np.ndarray) -> list[str]:
+    """32-hex xxh3-128 of every document of an already normalised batch."""
+    view = memoryview(data)
+    bounds = offsets.tolist()
+    return [xxhash.xxh3_128_hexdigest(view[bounds[i] : bounds[i + 1]]) for i in range(len(bounds) - 1)]
+
+
+def content_hashes(texts: Texts, options: NormalizeOptions = DEFAULT_NORMALIZE) -> list[str]:
+    """32-hex xxh3-128 of each normalised text: equal exactly when the normalised texts are equal."""
+    return hashes_of_folded(*fold_prepared(*prepare(texts, options), options))
+
+
+def content_hash(text: str, options: NormalizeOptions = DEFAULT_NORMALIZE) -> str:
+    """32-hex xxh3-128 of one normalised text."""
+    return content_hashes([text], options)[0]
