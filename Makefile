@@ -6,8 +6,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.gristmill-installed
 # The CPU build of PyTorch; on this project's machines pip takes it from a wheel already on disk.
 TORCH_SPEC ?= torch==2.13.0
-# Debian packages the tests serve or drive (a real documentation site to crawl).
-SYSTEM_PACKAGES ?= python3.11-doc
+# Debian packages the tests serve or drive (a real documentation site to crawl; a headless browser
+# that opens the HTML statistics report).
+SYSTEM_PACKAGES ?= python3.11-doc chromium chromium-driver
 
 .PHONY: test demo lint system-deps bench-env clean
 
