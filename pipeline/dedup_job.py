@@ -1,0 +1,803 @@
+"""The Ray dedup job: raw documents in, a deduplicated, sharded corpus out (``gristmill dedup``).
+
+Stages (docs/PIPELINE.md has the details, the memory each needs and the statistics):
+
+1. ``read``     per split (Ray Data): parse, reject bad records, normalise + exact hash, write the
+                documents; shuffle (content hash, key) by hash.
+2. ``exact``    per hash partition (Ray tasks): one survivor per content hash.
+3. ``sign``     per split (Ray Data ``map_batches``): MinHash signatures of the exact survivors, band
+                hashes; shuffle (band hash, key) by hash.
+4. ``buckets``  per hash partition: candidate edges within each band bucket.
+5. ``cc``       rounds of large-star / small-star over hash-partitioned edges until stable.
+6. ``clusters`` labels joined with signatures per split, shuffled by label; survivor choice and the
+                estimated similarity of every removed member to its representative.
+7. ``write``    per split: kept rows into shards (and removed rows into ``--removed``), the signature
+                index, per-split statistics; the driver writes the manifest last.
+
+A document's key is ``split << 32 | ordinal`` (input order), every reduce sorts, and shards are cut
+per split, so the result does not depend on CPUs, partitions or nodes. Each task writes its
+results and then a completion record under ``OUTPUT/_work``; a rerun skips what is recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import posixpath
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline import components
+from pipeline.format import CORPUS_SCHEMA, Corpus, CorpusError, ShardInfo, ShardWriter, write_manifest
+from pipeline.inputs import (
+    KEY_BITS,
+    REJECT_KINDS,
+    Doc,
+    ReadOptions,
+    Reject,
+    Split,
+    generated_id,
+    plan_splits,
+    read_file,
+    resolve_inputs,
+)
+from pipeline.workdir import WorkDir, partition_of
+
+log = logging.getLogger("gristmill.dedup")
+
+STAGES = ("read", "exact", "sign", "buckets", "cc", "clusters", "write")
+INDEX_FOLDER = "_index"
+REJECTS_FOLDER = "_rejects"
+WORK_FOLDER = "_work"
+BYTES_PER_TOKEN = 4  # the approximate-token statistic: UTF-8 bytes / 4
+HASH_BATCH_DOCS = 4096
+
+DOC_SCHEMA = pa.schema([
+    ("key", pa.int64()), ("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
+    ("domain", pa.string()), ("language", pa.string()), ("fetch_time", pa.timestamp("ms", tz="UTC")),
+    ("content_hash", pa.string()), ("length", pa.int64()), ("origin", pa.string()),
+])
+EXACT_SCHEMA = pa.schema([
+    ("content_hash", pa.string()), ("key", pa.int64()), ("id", pa.string()), ("length", pa.int64()),
+    ("existing", pa.bool_()),
+])
+EXACT_OUT_SCHEMA = pa.schema([
+    ("key", pa.int64()), ("rep_key", pa.int64()), ("rep_id", pa.string()), ("copies", pa.int64()),
+])
+BUCKET_SCHEMA = pa.schema([("hash", pa.uint64()), ("key", pa.int64())])
+REJECT_SCHEMA = pa.schema([
+    ("source", pa.string()), ("position", pa.string()), ("kind", pa.string()), ("reason", pa.string()),
+    ("bytes", pa.int64()), ("count", pa.int64()), ("origin", pa.string()),
+])
+CLUSTER_OUT_SCHEMA = pa.schema([
+    ("key", pa.int64()), ("cluster_id", pa.string()), ("cluster_size", pa.int64()), ("rep_key", pa.int64()),
+    ("rep_id", pa.string()), ("similarity", pa.float64()),
+])
+REMOVED_SCHEMA = CORPUS_SCHEMA.append(pa.field("removed_as", pa.string())).append(
+    pa.field("duplicate_of", pa.string())).append(pa.field("similarity", pa.float64()))
+
+
+def _sig_schema(num_perm: int, bands: int) -> pa.Schema:
+    return pa.schema([
+        ("key", pa.int64()), ("id", pa.string()), ("content_hash", pa.string()), ("length", pa.int64()),
+        ("copies", pa.int64()), ("existing", pa.bool_()),
+        ("signature", pa.list_(pa.uint64(), num_perm)), ("bands", pa.list_(pa.uint64(), bands)),
+    ])
+
+
+def _index_schema(num_perm: int, bands: int) -> pa.Schema:
+    return pa.schema([
+        ("id", pa.string()), ("content_hash", pa.string()), ("length", pa.int64()),
+        ("signature", pa.list_(pa.uint64(), num_perm)), ("bands", pa.list_(pa.uint64(), bands)),
+    ])
+
+
+class DedupError(Exception):
+    """The job cannot run as configured (bad options, an incompatible --against corpus)."""
+
+
+@dataclass
+class DedupConfig:
+    """Everything ``gristmill dedup`` takes; the TOML job file holds the same keys."""
+
+    inputs: list[str]
+    output: str
+    threshold: float = 0.8
+    num_perm: int = 128
+    ngram: int = 5
+    bands: int | None = None  # with rows: override the (bands, rows) optimal_bands picks
+    rows: int | None = None
+    seed: int | None = None
+    text_column: str = "text"
+    id_column: str = "id"
+    max_doc_bytes: int = 10 * 1024 * 1024
+    split_bytes: int = 64 * 1024 * 1024
+    num_partitions: int = 16
+    removed: str | None = None
+    against: str | None = None
+    shard_bytes: int = 256 * 1024 * 1024
+    row_group_bytes: int = 4 * 1024 * 1024
+    keep_work: bool = False
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> DedupConfig:
+        """Build from a TOML job file's table (unknown keys are an error naming them)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise DedupError(f"unknown job option(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        return cls(**dict(values))
+
+
+@dataclass(frozen=True)
+class _Params:
+    """The hashing parameters a corpus and its signature index were built with."""
+
+    num_perm: int
+    ngram: int
+    bands: int
+    rows: int
+    seed: int
+    threshold: float
+
+    def hasher(self) -> Any:
+        from dedup.minhash import MinHasher
+
+        return MinHasher(num_perm=self.num_perm, ngram=self.ngram, seed=self.seed)
+
+
+def _params(config: DedupConfig) -> _Params:
+    from dedup.lsh import optimal_bands
+    from dedup.minhash import DEFAULT_SEED
+
+    if not 0.0 < config.threshold < 1.0:
+        raise DedupError(f"threshold must be between 0 and 1, not {config.threshold}")
+    if (config.bands is None) != (config.rows is None):
+        raise DedupError("give both bands and rows, or neither")
+    if config.bands is not None and config.rows is not None:
+        bands, rows = config.bands, config.rows
+        if bands * rows > config.num_perm:
+            raise DedupError(f"{bands} bands x {rows} rows exceed num_perm {config.num_perm}")
+    else:
+        bands, rows = optimal_bands(config.threshold, config.num_perm)
+    seed = DEFAULT_SEED if config.seed is None else config.seed
+    return _Params(config.num_perm, config.ngram, int(bands), int(rows), int(seed), config.threshold)
+
+
+# -- context shared by every task ----------------------------------------------------------------
+@dataclass
+class _Job:
+    config: DedupConfig
+    params: _Params
+    work: WorkDir
+    splits: list[Split]  # new input, numbered after the existing index's pseudo-splits
+    index_files: list[str]  # --against: one pseudo-split per index file
+    fingerprint: str
+
+    @property
+    def num_partitions(self) -> int:
+        return self.config.num_partitions
+
+    @property
+    def split_indices(self) -> list[int]:
+        return [s.index for s in self.splits]
+
+    @property
+    def all_split_indices(self) -> list[int]:
+        return list(range(len(self.index_files))) + self.split_indices
+
+    def split(self, index: int) -> Split:
+        return self.splits[index - len(self.index_files)]
+
+
+def _hash_partition(hashes: Sequence[str], num_partitions: int) -> np.ndarray:
+    return np.fromiter((int(h[:15], 16) % num_partitions for h in hashes), dtype=np.int64, count=len(hashes))
+
+
+def _json_record(work: WorkDir, marker: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run a task unless its completion record exists; the record is written last."""
+    done = work.read_json(marker)
+    if done is not None:
+        return done
+    record = compute()
+    work.write_json(marker, record)
+    return record
+
+
+# -- stage 1: read -------------------------------------------------------------------------------
+def _read_split(job: _Job, split_index: int) -> dict[str, Any]:
+    return _json_record(job.work, f"read/done/s={split_index:05d}.json", lambda: _read_split_now(job, split_index))
+
+
+def _read_split_now(job: _Job, split_index: int) -> dict[str, Any]:
+    from dedup.normalize import content_hashes
+
+    config = job.config
+    options = ReadOptions(config.text_column, config.id_column, config.max_doc_bytes)
+    split = job.split(split_index)
+    docs: list[Doc] = []
+    origins: list[str] = []
+    rejects: list[tuple[Reject, str]] = []
+    for item in split.files:
+        for record in read_file(item, options, config.storage_options):
+            if isinstance(record, Reject):
+                rejects.append((record, item.origin))
+                continue
+            if record.id is None:
+                record.id = generated_id(item.url, record.position)
+            docs.append(record)
+            origins.append(item.origin)
+    texts = [d.text for d in docs]
+    hashes: list[str] = []
+    for start in range(0, len(texts), HASH_BATCH_DOCS):
+        hashes.extend(content_hashes(texts[start:start + HASH_BATCH_DOCS]))
+    keys = (np.int64(split_index) << np.int64(KEY_BITS)) + np.arange(len(docs), dtype=np.int64)
+    lengths = [len(t) for t in texts]  # characters: the survivor policy prefers the longest text
+    table = pa.table({
+        "key": pa.array(keys, pa.int64()), "id": [d.id for d in docs], "text": texts,
+        "source": [d.source for d in docs], "domain": [d.domain for d in docs],
+        "language": [d.language for d in docs], "fetch_time": [d.fetch_time for d in docs],
+        "content_hash": hashes, "length": lengths, "origin": origins,
+    }, schema=DOC_SCHEMA)
+    job.work.write_table(f"docs/s={split_index:05d}.parquet", table)
+    _shuffle_exact(job, split_index, table.select(["content_hash", "key", "id", "length"]), existing=False)
+    reject_table = pa.table({
+        "source": [r.source for r, _ in rejects], "position": [r.position for r, _ in rejects],
+        "kind": [r.kind for r, _ in rejects], "reason": [r.reason for r, _ in rejects],
+        "bytes": [r.bytes for r, _ in rejects], "count": [r.count for r, _ in rejects],
+        "origin": [o for _, o in rejects],
+    }, schema=REJECT_SCHEMA)
+    job.work.write_table(f"rejects/s={split_index:05d}.parquet", reject_table)
+    return {"docs": len(docs), "rejected": sum(r.count for r, _ in rejects)}
+
+
+def _shuffle_exact(job: _Job, split_index: int, slim: pa.Table, existing: bool) -> None:
+    table = slim.append_column("existing", pa.array(np.full(slim.num_rows, existing), pa.bool_()))
+    partition = _hash_partition(table["content_hash"].to_pylist(), job.num_partitions)
+    job.work.write_partitioned("exact_in", f"s={split_index:05d}", table, partition, job.num_partitions)
+
+
+def _read_index_split(job: _Job, split_index: int) -> dict[str, Any]:
+    """--against: an existing corpus's index file enters the exact and band shuffles as a pseudo-split."""
+
+    def compute() -> dict[str, Any]:
+        index = _read_index_file(job, job.index_files[split_index])
+        keys = (np.int64(split_index) << np.int64(KEY_BITS)) + np.arange(index.num_rows, dtype=np.int64)
+        slim = pa.table({"content_hash": index["content_hash"], "key": pa.array(keys, pa.int64()),
+                         "id": index["id"], "length": index["length"]})
+        _shuffle_exact(job, split_index, slim, existing=True)
+        sigs = pa.table({
+            "key": pa.array(keys, pa.int64()), "id": index["id"], "content_hash": index["content_hash"],
+            "length": index["length"], "copies": pa.array(np.ones(index.num_rows, np.int64)),
+            "existing": pa.array(np.ones(index.num_rows, bool)), "signature": index["signature"],
+            "bands": index["bands"],
+        }, schema=_sig_schema(job.params.num_perm, job.params.bands))
+        job.work.write_table(f"sigs/s={split_index:05d}.parquet", sigs)
+        _shuffle_bands(job, split_index, keys, _list_matrix(index["bands"], job.params.bands))
+        return {"docs": index.num_rows}
+
+    return _json_record(job.work, f"read/done/s={split_index:05d}.json", compute)
+
+
+def _read_index_file(job: _Job, url: str) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    from pipeline.format import open_fs
+
+    fs, path = open_fs(url, job.config.storage_options)
+    with fs.open(path, "rb") as handle:
+        return pq.read_table(handle, schema=_index_schema(job.params.num_perm, job.params.bands))
+
+
+def _list_matrix(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
+    """A fixed-size-list column as an (n, width) uint64 matrix without a Python loop."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if len(array) == 0:
+        return np.zeros((0, width), np.uint64)
+    return array.flatten().to_numpy(zero_copy_only=False).reshape(-1, width).astype(np.uint64, copy=False)
+
+
+# -- stage 2: exact ------------------------------------------------------------------------------
+def _exact_partition(job: _Job, part: int) -> dict[str, Any]:
+    def compute() -> dict[str, Any]:
+        from dedup.cluster import choose_representatives
+
+        table = job.work.read_folder(f"exact_in/p={part:05d}", EXACT_SCHEMA)
+        table = table.sort_by([("content_hash", "ascending"), ("key", "ascending")])
+        hashes = table["content_hash"].combine_chunks() if table.num_rows else pa.array([], pa.string())
+        n = table.num_rows
+        starts = np.ones(n, bool)
+        if n > 1:
+            starts[1:] = pc.not_equal(hashes[1:], hashes[:-1]).to_numpy(zero_copy_only=False)
+        groups = np.cumsum(starts) - 1
+        sizes = np.bincount(groups) if n else np.zeros(0, np.int64)
+        in_dup = sizes[groups] > 1 if n else np.zeros(0, bool)
+        sub = table.filter(pa.array(in_dup))
+        labels = groups[in_dup]
+        keys = sub["key"].to_numpy()
+        is_rep, rep_index = choose_representatives(
+            labels, sub["length"].to_numpy(), sub["id"], priority=sub["existing"].to_numpy(zero_copy_only=False))
+        rep_index = np.asarray(rep_index)
+        ids = sub["id"].to_pylist()
+        out = pa.table({
+            "key": pa.array(keys, pa.int64()), "rep_key": pa.array(keys[rep_index], pa.int64()),
+            "rep_id": [ids[i] for i in rep_index], "copies": pa.array(sizes[labels], pa.int64()),
+        }, schema=EXACT_OUT_SCHEMA)
+        _write_by_split(job, "exact_out", part, out)
+        return {"duplicates": int(len(keys) - np.count_nonzero(is_rep))}
+
+    return _json_record(job.work, f"exact/done/p={part:05d}.json", compute)
+
+
+def _write_by_split(job: _Job, folder: str, part: int, table: pa.Table) -> None:
+    """Route a reducer's rows back to the split their key belongs to: ``folder/s=S/p=P.parquet``."""
+    splits = table["key"].to_numpy() >> KEY_BITS if table.num_rows else np.zeros(0, np.int64)
+    for split in np.unique(splits):
+        job.work.write_table(f"{folder}/s={int(split):05d}/p={part:05d}.parquet",
+                             table.filter(pa.array(splits == split)))
+
+
+# -- stage 3: sign -------------------------------------------------------------------------------
+def _sign_split(job: _Job, split_index: int) -> dict[str, Any]:
+    def compute() -> dict[str, Any]:
+        from dedup.lsh import band_hashes
+
+        docs = job.work.read_table(f"docs/s={split_index:05d}.parquet", ["key", "id", "text", "content_hash", "length"])
+        exact = job.work.read_folder(f"exact_out/s={split_index:05d}", EXACT_OUT_SCHEMA)
+        removed = exact.filter(pc.not_equal(exact["key"], exact["rep_key"]))["key"]
+        keep = pc.invert(pc.is_in(docs["key"], value_set=removed.combine_chunks()))
+        docs = docs.filter(keep)
+        copies = np.ones(docs.num_rows, np.int64)
+        survivors = exact.filter(pc.equal(exact["key"], exact["rep_key"]))
+        where = pc.index_in(survivors["key"], value_set=docs["key"].combine_chunks()).to_numpy(zero_copy_only=False)
+        copies[where.astype(np.int64)] = survivors["copies"].to_numpy()
+        hasher = job.params.hasher()
+        signatures = _signatures(hasher, docs["text"])
+        bands = band_hashes(signatures, job.params.bands, job.params.rows) if docs.num_rows else np.zeros(
+            (0, job.params.bands), np.uint64)
+        keys = docs["key"].to_numpy()
+        sigs = pa.table({
+            "key": docs["key"], "id": docs["id"], "content_hash": docs["content_hash"], "length": docs["length"],
+            "copies": pa.array(copies), "existing": pa.array(np.zeros(docs.num_rows, bool)),
+            "signature": _fixed_list(signatures), "bands": _fixed_list(bands),
+        }, schema=_sig_schema(job.params.num_perm, job.params.bands))
+        job.work.write_table(f"sigs/s={split_index:05d}.parquet", sigs)
+        _shuffle_bands(job, split_index, keys, bands)
+        return {"signed": docs.num_rows}
+
+    return _json_record(job.work, f"sign/done/s={split_index:05d}.json", compute)
+
+
+def _signatures(hasher: Any, texts: pa.ChunkedArray) -> np.ndarray:
+    """Signatures in batches of a bounded byte size, so one worker's memory stays flat."""
+    parts = []
+    start, n = 0, len(texts)
+    lengths = pc.binary_length(texts).to_numpy(zero_copy_only=False) if n else np.zeros(0)
+    while start < n:
+        stop, size = start, 0
+        while stop < n and (stop == start or size + lengths[stop] <= 32 * 1024 * 1024):
+            size += lengths[stop]
+            stop += 1
+        parts.append(hasher.signatures(texts.slice(start, stop - start)))
+        start = stop
+    return np.concatenate(parts) if parts else np.zeros((0, hasher.num_perm), np.uint64)
+
+
+def _fixed_list(matrix: np.ndarray) -> pa.FixedSizeListArray:
+    width = matrix.shape[1]
+    return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1), pa.uint64()), width)
+
+
+def _shuffle_bands(job: _Job, split_index: int, keys: np.ndarray, bands: np.ndarray) -> None:
+    """Every (band hash, key) row goes to the partition of its band hash (hashes are salted per band)."""
+    hashes = bands.reshape(-1)
+    repeated = np.repeat(keys, bands.shape[1])
+    table = pa.table({"hash": pa.array(hashes, pa.uint64()), "key": pa.array(repeated, pa.int64())})
+    job.work.write_partitioned("buckets_in", f"s={split_index:05d}", table,
+                               partition_of(hashes, job.num_partitions), job.num_partitions)
+
+
+# -- stage 4: buckets ----------------------------------------------------------------------------
+def _bucket_partition(job: _Job, part: int) -> dict[str, Any]:
+    def compute() -> dict[str, Any]:
+        from dedup.lsh import bucket_edges
+
+        table = job.work.read_folder(f"buckets_in/p={part:05d}", BUCKET_SCHEMA)
+        keys = table["key"].to_numpy()
+        hashes = table["hash"].to_numpy()
+        left, right = bucket_edges(keys, hashes.reshape(-1, 1))
+        components.write_edges(job.work, "cc/r000", f"from-{part:05d}", left, right, components.round_op(0),
+                               job.num_partitions)
+        return {"edges": len(left)}
+
+    return _json_record(job.work, f"buckets/done/p={part:05d}.json", compute)
+
+
+# -- stage 5: connected components ---------------------------------------------------------------
+def _connected_components(job: _Job, run_tasks: Callable[..., list[Any]]) -> dict[str, Any]:
+    """Rounds until two consecutive ops leave the edge set unchanged; then labels per split."""
+    history: list[tuple[int, int]] = []
+    round_index = 0
+    while True:
+        records = run_tasks(components.cc_round, [(job.work, round_index, p, job.num_partitions)
+                                                  for p in range(job.num_partitions)])
+        history.append((sum(r["edges"] for r in records), sum(r["digest"] for r in records) % (1 << 64)))
+        if len(history) >= 3 and history[-1] == history[-2] == history[-3]:
+            break
+        round_index += 1
+    final = round_index if components.round_op(round_index) == "large" else round_index - 1
+    nodes = run_tasks(components.cc_labels, [(job.work, final, p, job.num_partitions, KEY_BITS)
+                                             for p in range(job.num_partitions)])
+    return {"rounds": round_index + 1, "edges": history[0][0], "nodes": sum(nodes)}
+
+
+# -- stage 6: clusters ---------------------------------------------------------------------------
+def _cluster_map(job: _Job, split_index: int) -> dict[str, Any]:
+    def compute() -> dict[str, Any]:
+        labels = job.work.read_folder(f"labels/s={split_index:05d}", components.LABEL_SCHEMA)
+        sig_schema = _sig_schema(job.params.num_perm, job.params.bands)
+        if labels.num_rows == 0:
+            rows = sig_schema.empty_table().append_column("label", pa.array([], pa.int64()))
+        else:
+            sigs = job.work.read_table(f"sigs/s={split_index:05d}.parquet")
+            where = pc.index_in(labels["key"], value_set=sigs["key"].combine_chunks())
+            rows = sigs.take(where).append_column("label", labels["label"])
+        rows = rows.select(["key", "id", "length", "copies", "existing", "signature", "label"])
+        job.work.write_partitioned("reps_in", f"s={split_index:05d}", rows,
+                                   partition_of(rows["label"].to_numpy(), job.num_partitions), job.num_partitions)
+        return {"members": rows.num_rows}
+
+    return _json_record(job.work, f"clusters/map/s={split_index:05d}.json", compute)
+
+
+def _cluster_reduce(job: _Job, part: int) -> dict[str, Any]:
+    def compute() -> dict[str, Any]:
+        from dedup.cluster import choose_representatives
+        from dedup.lsh import estimated_jaccard
+
+        schema = pa.schema([("key", pa.int64()), ("id", pa.string()), ("length", pa.int64()),
+                            ("copies", pa.int64()), ("existing", pa.bool_()),
+                            ("signature", pa.list_(pa.uint64(), job.params.num_perm)), ("label", pa.int64())])
+        table = job.work.read_folder(f"reps_in/p={part:05d}", schema)
+        table = table.sort_by([("label", "ascending"), ("key", "ascending")])
+        labels = table["label"].to_numpy()
+        keys = table["key"].to_numpy()
+        is_rep, rep_index = choose_representatives(
+            labels, table["length"].to_numpy(), table["id"], priority=table["existing"].to_numpy(zero_copy_only=False))
+        rep_index = np.asarray(rep_index, dtype=np.int64)
+        signatures = _list_matrix(table["signature"], job.params.num_perm)
+        similarity = estimated_jaccard(signatures, signatures[rep_index]) if len(keys) else np.zeros(0)
+        _, inverse = np.unique(labels, return_inverse=True)
+        sizes = np.bincount(inverse, weights=table["copies"].to_numpy()).astype(np.int64) if len(keys) else inverse
+        ids = table["id"].to_pylist()
+        out = pa.table({
+            "key": pa.array(keys, pa.int64()), "cluster_id": [ids[i] for i in rep_index],
+            "cluster_size": pa.array(sizes[inverse] if len(keys) else sizes, pa.int64()),
+            "rep_key": pa.array(keys[rep_index], pa.int64()), "rep_id": [ids[i] for i in rep_index],
+            "similarity": pa.array(similarity, pa.float64()),
+        }, schema=CLUSTER_OUT_SCHEMA)
+        _write_by_split(job, "clusters_out", part, out)
+        return {"clusters": int(np.count_nonzero(is_rep)), "near_duplicates": int(len(keys) - np.count_nonzero(is_rep))}
+
+    return _json_record(job.work, f"clusters/done/p={part:05d}.json", compute)
+
+
+def _clusters(job: _Job, run_tasks: Callable[..., list[Any]]) -> list[dict[str, Any]]:
+    _map_splits(_cluster_map, job, job.all_split_indices)
+    return run_tasks(_cluster_reduce, [(job, p) for p in range(job.num_partitions)])
+
+
+# -- stage 7: write ------------------------------------------------------------------------------
+def _write_split(job: _Job, split_index: int) -> dict[str, Any]:
+    return _json_record(job.work, f"write/done/s={split_index:05d}.json", lambda: _write_split_now(job, split_index))
+
+
+def _write_split_now(job: _Job, split_index: int) -> dict[str, Any]:
+    config = job.config
+    docs = job.work.read_table(f"docs/s={split_index:05d}.parquet")
+    exact = job.work.read_folder(f"exact_out/s={split_index:05d}", EXACT_OUT_SCHEMA)
+    clusters = job.work.read_folder(f"clusters_out/s={split_index:05d}", CLUSTER_OUT_SCHEMA)
+    n = docs.num_rows
+    keys = docs["key"].to_numpy()
+    ids = docs["id"].to_pylist()
+    status = np.zeros(n, np.int8)  # 0 kept, 1 exact duplicate, 2 near duplicate
+    cluster_id = list(ids)
+    cluster_size = np.ones(n, np.int64)
+    duplicate_of: list[str | None] = [None] * n
+    similarity = np.full(n, np.nan)
+
+    exact_pos = _positions(keys, exact["key"].to_numpy())
+    rep_keys = exact["rep_key"].to_numpy()
+    for row, pos in enumerate(exact_pos):
+        if rep_keys[row] != keys[pos]:
+            status[pos] = 1
+            duplicate_of[pos] = cluster_id[pos] = exact["rep_id"][row].as_py()
+            similarity[pos] = 1.0
+        else:
+            cluster_size[pos] = exact["copies"][row].as_py()
+    cluster_pos = _positions(keys, clusters["key"].to_numpy())
+    c_rep = clusters["rep_key"].to_numpy()
+    c_id = clusters["cluster_id"].to_pylist()
+    c_size = clusters["cluster_size"].to_numpy()
+    c_sim = clusters["similarity"].to_numpy()
+    c_rep_id = clusters["rep_id"].to_pylist()
+    for row, pos in enumerate(cluster_pos):
+        cluster_id[pos] = c_id[row]
+        cluster_size[pos] = c_size[row]
+        if c_rep[row] != keys[pos]:
+            status[pos] = 2
+            duplicate_of[pos] = c_rep_id[row]
+            similarity[pos] = c_sim[row]
+
+    base = docs.select(["id", "text", "source", "domain", "language", "fetch_time", "content_hash"])
+    base = base.append_column("cluster_id", pa.array(cluster_id, pa.string()))
+    base = base.append_column("cluster_size", pa.array(cluster_size, pa.int32()))
+    kept_mask = status == 0
+    kept = base.filter(pa.array(kept_mask)).append_column(
+        "is_representative", pa.array(np.ones(int(kept_mask.sum()), bool)))
+    prefix = f"part-{split_index:05d}"
+    writer = ShardWriter(config.output, CORPUS_SCHEMA, shard_bytes=config.shard_bytes,
+                         row_group_bytes=config.row_group_bytes, name_prefix=prefix, run_id=job.fingerprint[:12],
+                         storage_options=config.storage_options)
+    writer.write(kept)
+    shards = [s.to_dict() for s in writer.close()]
+    removed_shards: list[dict[str, Any]] = []
+    if config.removed:
+        gone = ~kept_mask
+        names = np.array(["kept", "exact_duplicate", "near_duplicate"])
+        removed = base.filter(pa.array(gone))
+        removed = removed.append_column("is_representative", pa.array(np.zeros(int(gone.sum()), bool)))
+        removed = removed.append_column("removed_as", pa.array(names[status[gone]].tolist(), pa.string()))
+        removed = removed.append_column("duplicate_of", pa.array([d for d, g in zip(duplicate_of, gone) if g],
+                                                                 pa.string()))
+        removed = removed.append_column("similarity", pa.array(similarity[gone], pa.float64()))
+        removed_writer = ShardWriter(config.removed, REMOVED_SCHEMA, shard_bytes=config.shard_bytes,
+                                     row_group_bytes=config.row_group_bytes, name_prefix=prefix,
+                                     run_id=job.fingerprint[:12], storage_options=config.storage_options)
+        removed_writer.write(removed)
+        removed_shards = [s.to_dict() for s in removed_writer.close()]
+    _write_index(job, split_index, keys[kept_mask])
+    return {"shards": shards, "removed_shards": removed_shards,
+            "stats": _split_stats(job, split_index, docs, status, cluster_size)}
+
+
+def _positions(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Row of each wanted key in the (sorted) key column of a split's documents."""
+    return np.searchsorted(keys, wanted)
+
+
+def _write_index(job: _Job, split_index: int, kept_keys: np.ndarray) -> None:
+    """The signature index of the kept rows, beside the corpus, for later ``--against`` runs."""
+    sigs = job.work.read_table(f"sigs/s={split_index:05d}.parquet")
+    sigs = sigs.filter(pc.is_in(sigs["key"], value_set=pa.array(kept_keys, pa.int64())))
+    index = sigs.select(["id", "content_hash", "length", "signature", "bands"])
+    name = f"{INDEX_FOLDER}/index-{split_index:05d}-{job.fingerprint[:12]}.parquet"
+    WorkDir(job.config.output, job.config.storage_options).write_table(name, index)
+
+
+def _split_stats(job: _Job, split_index: int, docs: pa.Table, status: np.ndarray,
+                 cluster_size: np.ndarray) -> dict[str, Any]:
+    """Counts, bytes and breakdowns of one split; the driver adds them up."""
+    rejects = job.work.read_table(f"rejects/s={split_index:05d}.parquet")
+    lengths = pc.binary_length(docs["text"]).to_numpy(zero_copy_only=False) if docs.num_rows else np.zeros(0, np.int64)
+    names = ("kept", "exact_duplicate", "near_duplicate")
+    stats: dict[str, Any] = {name: int(np.count_nonzero(status == i)) for i, name in enumerate(names)}
+    stats["bytes_in"] = int(lengths.sum())
+    stats["bytes_kept"] = int(lengths[status == 0].sum())
+    rejected: Counter[str] = Counter()
+    for kind, count in zip(rejects["kind"].to_pylist(), rejects["count"].to_pylist(), strict=True):
+        rejected[kind] += count
+    stats["rejected"] = {kind: rejected.get(kind, 0) for kind in REJECT_KINDS}
+    stats["rejected_bytes"] = int(pc.sum(rejects["bytes"]).as_py() or 0)
+    breakdowns: dict[str, dict[str, dict[str, int]]] = {}
+    for column in ("origin", "domain", "language"):
+        table: dict[str, dict[str, int]] = defaultdict(lambda: {"input": 0, **{n: 0 for n in names}, "rejected": 0})
+        for value, st in zip(docs[column].to_pylist(), status.tolist(), strict=True):
+            entry = table[value or "unknown"]
+            entry["input"] += 1
+            entry[names[st]] += 1
+        breakdowns[column] = dict(table)
+    for origin, count in zip(rejects["origin"].to_pylist(), rejects["count"].to_pylist(), strict=True):
+        entry = breakdowns["origin"].setdefault(origin, {"input": 0, **{n: 0 for n in names}, "rejected": 0})
+        entry["input"] += count
+        entry["rejected"] += count
+    stats["by"] = breakdowns
+    sizes = cluster_size[status == 0]
+    stats["cluster_sizes"] = {str(k): int(v) for k, v in zip(*np.unique(sizes[sizes > 1], return_counts=True),
+                                                             strict=True)}
+    return stats
+
+
+# -- driver --------------------------------------------------------------------------------------
+def _merge(total: dict[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
+    """Add nested count dicts key by key."""
+    for key, value in part.items():
+        if isinstance(value, Mapping):
+            total[key] = _merge(dict(total.get(key, {})), value)
+        else:
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def _fingerprint(config: DedupConfig, params: _Params, splits: list[Split], index_files: list[str]) -> str:
+    """What the result depends on; a work folder from another job is discarded, not mixed in."""
+    payload = {
+        "files": [[f.url, f.size] for s in splits for f in s.files], "splits": [len(s.files) for s in splits],
+        "params": dataclasses.asdict(params), "index": index_files, "text_column": config.text_column,
+        "id_column": config.id_column, "max_doc_bytes": config.max_doc_bytes, "removed": config.removed,
+        "shard_bytes": config.shard_bytes, "row_group_bytes": config.row_group_bytes,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _against(config: DedupConfig, params: _Params) -> list[str]:
+    """The index files of an existing corpus, after checking it was hashed the same way."""
+    try:
+        corpus = Corpus.open(config.against, config.storage_options)
+    except CorpusError as exc:
+        raise DedupError(f"--against: {exc}") from None
+    index = corpus.manifest.extra.get("signature_index")
+    if not index:
+        raise DedupError(f"--against {config.against}: the corpus has no signature index (not built by gristmill dedup)")
+    theirs = index.get("params", {})
+    ours = dataclasses.asdict(params)
+    for name in ("num_perm", "ngram", "bands", "rows", "seed"):
+        if theirs.get(name) != ours[name]:
+            raise DedupError(f"--against {config.against}: its index was built with {name}={theirs.get(name)}, "
+                             f"this job uses {name}={ours[name]}; use the same settings")
+    root = config.against.rstrip("/")
+    return [posixpath.join(root, name) if "://" not in root else f"{root}/{name}" for name in index["files"]]
+
+
+def _make_runner(ray: Any) -> Callable[..., list[Any]]:
+    """Ray tasks for the shuffle reducers: one task per partition, retried when a node dies."""
+
+    def run_tasks(function: Callable[..., Any], argument_lists: list[tuple[Any, ...]]) -> list[Any]:
+        remote = ray.remote(num_cpus=1, max_retries=5, retry_exceptions=False)(function)
+        return ray.get([remote.remote(*arguments) for arguments in argument_lists])
+
+    return run_tasks
+
+
+def _map_splits(function: Callable[[_Job, int], dict[str, Any]], job: _Job, indices: list[int]) -> list[dict[str, Any]]:
+    """A per-split stage on Ray Data: one block per split, streamed, retried on node failure."""
+    import ray.data
+
+    if not indices:
+        return []
+
+    def apply(batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
+        results = [json.dumps(function(job, int(i))) for i in batch["split"]]
+        return {"split": list(batch["split"]), "result": results}
+
+    dataset = ray.data.from_items([{"split": i} for i in indices], override_num_blocks=len(indices))
+    rows = dataset.map_batches(apply, batch_size=1, num_cpus=1, max_retries=5).take_all()
+    by_split = {int(r["split"]): json.loads(r["result"]) for r in rows}
+    return [by_split[i] for i in indices]
+
+
+def run_dedup(config: DedupConfig) -> dict[str, Any]:
+    """Run the whole job (initialising local Ray if nothing is connected); returns the manifest stats."""
+    import ray
+
+    if config.num_partitions < 1 or config.split_bytes < 1:
+        raise DedupError("num_partitions and split_bytes must be positive")
+    started = time.time()
+    params = _params(config)
+    files = resolve_inputs(config.inputs, config.storage_options)
+    index_files = _against(config, params) if config.against else []
+    splits = plan_splits(files, config.split_bytes, first_index=len(index_files))
+    fingerprint = _fingerprint(config, params, splits, index_files)
+    work = WorkDir(posixpath.join(config.output.rstrip("/"), WORK_FOLDER), config.storage_options)
+    previous = work.read_json("job.json")
+    if previous is not None and previous.get("fingerprint") != fingerprint:
+        log.info("work folder %s belongs to a different job; starting afresh", work.url)
+        work.remove("")
+    work.write_json("job.json", {"fingerprint": fingerprint})
+    job = _Job(config, params, work, splits, index_files, fingerprint)
+
+    if not ray.is_initialized():
+        ray.init(logging_level=logging.WARNING, log_to_driver=False)
+    import ray.data
+
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+    run_tasks = _make_runner(ray)
+    timings: dict[str, float] = dict(work.read_json("timings.json") or {})
+    resumed: list[str] = []
+
+    def stage(name: str, body: Callable[[], Any]) -> Any:
+        record = work.read_json(f"stage-{name}.json")
+        if record is not None:
+            resumed.append(name)
+            return record["result"]
+        begin = time.time()
+        result = body()
+        timings[name] = round(time.time() - begin, 3)
+        work.write_json("timings.json", timings)
+        work.write_json(f"stage-{name}.json", {"result": result})
+        return result
+
+    parts = list(range(config.num_partitions))
+    stage("read", lambda: _map_splits(_read_index_split, job, list(range(len(index_files))))
+          + _map_splits(_read_split, job, job.split_indices))
+    stage("exact", lambda: run_tasks(_exact_partition, [(job, p) for p in parts]))
+    stage("sign", lambda: _map_splits(_sign_split, job, job.split_indices))
+    stage("buckets", lambda: run_tasks(_bucket_partition, [(job, p) for p in parts]))
+    cc = stage("cc", lambda: _connected_components(job, run_tasks))
+    stage("clusters", lambda: _clusters(job, run_tasks))
+    written = stage("write", lambda: _map_splits(_write_split, job, job.split_indices))
+
+    totals: dict[str, Any] = {}
+    for record in written:
+        _merge(totals, record["stats"])
+    stats = _final_stats(totals, timings, resumed, cc, params, config, time.time() - started)
+    shards = [ShardInfo.from_dict(s) for record in written for s in record["shards"]]
+    index_names = [f"{INDEX_FOLDER}/index-{i:05d}-{fingerprint[:12]}.parquet" for i in job.split_indices]
+    extra = {"signature_index": {"files": index_names, "params": dataclasses.asdict(params)},
+             "rejects": f"{REJECTS_FOLDER}/rejects-{fingerprint[:12]}.parquet", "job": _job_summary(config)}
+    _collect_rejects(job, extra["rejects"])
+    if config.removed:
+        removed_shards = [ShardInfo.from_dict(s) for record in written for s in record["removed_shards"]]
+        write_manifest(config.removed, removed_shards, REMOVED_SCHEMA, stats=stats,
+                       extra={"removed_from": config.output}, storage_options=config.storage_options)
+    write_manifest(config.output, shards, CORPUS_SCHEMA, stats=stats, extra=extra,
+                   storage_options=config.storage_options)
+    if not config.keep_work:
+        work.remove("")
+    return stats
+
+
+def _collect_rejects(job: _Job, name: str) -> None:
+    """All rejected records in one Parquet file beside the corpus (file, position, reason)."""
+    tables = [job.work.read_table(f"rejects/s={i:05d}.parquet") for i in job.split_indices]
+    table = pa.concat_tables(tables) if tables else REJECT_SCHEMA.empty_table()
+    WorkDir(job.config.output, job.config.storage_options).write_table(name, table)
+
+
+def _job_summary(config: DedupConfig) -> dict[str, Any]:
+    summary = dataclasses.asdict(config)
+    summary.pop("storage_options")
+    return summary
+
+
+def _final_stats(totals: dict[str, Any], timings: Mapping[str, float], resumed: list[str], cc: Mapping[str, Any],
+                 params: _Params, config: DedupConfig, wall: float) -> dict[str, Any]:
+    rejected = dict(totals.get("rejected", {}))
+    documents = {
+        "input": totals.get("kept", 0) + totals.get("exact_duplicate", 0) + totals.get("near_duplicate", 0)
+        + sum(rejected.values()),
+        "kept": totals.get("kept", 0),
+        "exact_duplicate": totals.get("exact_duplicate", 0),
+        "near_duplicate": totals.get("near_duplicate", 0),
+        "rejected": sum(rejected.values()),
+    }
+    return {
+        "documents": documents,
+        "rejected": rejected,
+        "bytes": {"input_documents": totals.get("bytes_in", 0), "kept": totals.get("bytes_kept", 0),
+                  "rejected_records": totals.get("rejected_bytes", 0)},
+        "approx_tokens": {"input_documents": totals.get("bytes_in", 0) // BYTES_PER_TOKEN,
+                          "kept": totals.get("bytes_kept", 0) // BYTES_PER_TOKEN},
+        "by_source": totals.get("by", {}).get("origin", {}),
+        "by_domain": totals.get("by", {}).get("domain", {}),
+        "by_language": totals.get("by", {}).get("language", {}),
+        "cluster_sizes": dict(sorted(totals.get("cluster_sizes", {}).items(), key=lambda kv: int(kv[0]))),
+        "components": dict(cc),
+        "stage_seconds": dict(timings),
+        "resumed_stages": resumed,
+        "wall_seconds": round(wall, 3),
+        "params": {**dataclasses.asdict(params), "against": config.against},
+    }
