@@ -81,7 +81,9 @@ def ref_signature(text: str, hasher: dedup.MinHasher) -> tuple[list[int], bool]:
             h = fmix64(h ^ t)
         shingles.append(h % P)
     a, b = dedup.minhash.permutations(hasher.num_perm, hasher.seed)
-    return [min((int(aj) * x + int(bj)) % P for x in shingles) for aj, bj in zip(a, b, strict=True)], char_mode
+    return [
+        min((int(aj) * x + int(bj)) % P for x in shingles) for aj, bj in zip(a, b, strict=True)
+    ], char_mode
 
 
 ALPHABET = list(
@@ -134,7 +136,9 @@ def test_content_hashes_equal_exactly_when_normal_forms_equal(texts: list[str], 
     shingle=st.sampled_from(["auto", "word", "char"]),
     seed=st.integers(0, (1 << 64) - 1),
 )
-def test_signatures_match_big_integer_reference(texts, opt, num_perm, ngram, char_ngram, shingle, seed) -> None:
+def test_signatures_match_big_integer_reference(
+    texts, opt, num_perm, ngram, char_ngram, shingle, seed
+) -> None:
     hasher = dedup.MinHasher(num_perm, ngram, shingle, char_ngram, seed, opt)
     signatures, char_mode = hasher.signatures_with_modes(texts)
     assert signatures.shape == (len(texts), num_perm) and signatures.dtype == np.uint64
