@@ -1,0 +1,328 @@
+"""Fetch and decode one block (a Parquet row group) with one ranged read, plus the optional disk cache.
+
+A shard's footer is read once (one ranged read of the bytes after the last row group, cached) and
+checked against the manifest. A block is then one ``fs.cat_file(path, start, end)`` of exactly the
+row group's byte range, decoded by pyarrow from a small file-like object that serves that range and
+the footer. Decoding releases the GIL, so blocks decode in parallel on background threads.
+
+Integrity: whole-shard checksums would mean reading a whole shard per block, so by default a block is
+trusted when its footer matches the manifest (row groups, row counts) and it decodes to the row count
+the manifest promised; Parquet's decoder rejects most damage (bad page headers, failed decompression).
+``verify_checksums=True`` additionally streams each shard through xxh3-128 once, on first touch.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.format import Corpus, CorpusError, ShardInfo
+
+
+class LoaderError(CorpusError):
+    """A block or shard cannot be read; the message names the shard (and row group)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every block of a corpus in manifest order: which shard, which row group, how many rows."""
+
+    shard: np.ndarray
+    group: np.ndarray
+    rows: np.ndarray
+
+    @classmethod
+    def of(cls, shards: list[ShardInfo]) -> Layout:
+        shard, group, rows = [], [], []
+        for index, info in enumerate(shards):
+            for number, rg in enumerate(info.row_groups):
+                shard.append(index)
+                group.append(number)
+                rows.append(rg.rows)
+        return cls(np.asarray(shard, dtype=np.int64), np.asarray(group, dtype=np.int64),
+                   np.asarray(rows, dtype=np.int64))
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only file of ``size`` bytes of which only some ranges are present (the block and the footer)."""
+
+    def __init__(self, size: int, ranges: list[tuple[int, bytes]], name: str) -> None:
+        super().__init__()
+        self._size = size
+        self._ranges = ranges
+        self._name = name
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def size(self) -> int:
+        return self._size
+
+    def read(self, size: int = -1) -> bytes:
+        if size < 0:
+            size = self._size - self._pos
+        for start, data in self._ranges:
+            if start <= self._pos and self._pos + size <= start + len(data):
+                begin = self._pos - start
+                self._pos += size
+                return data[begin:begin + size]
+        raise LoaderError(f"{self._name}: decoder asked for bytes [{self._pos}, {self._pos + size}) outside the "
+                          "row group's manifest range; the manifest and the shard disagree")
+
+
+class DiskCache:
+    """A size-limited local directory of fetched blocks for remote corpora.
+
+    Blocks are files named after the shard checksum and byte range, written atomically. When the limit
+    would be exceeded the least recently used blocks go first, but never a block pinned as in use; when
+    only pinned blocks remain, the new block is simply not cached. Several processes (DataLoader
+    workers) may share a directory: each enforces the limit on the files it can see.
+    """
+
+    def __init__(self, directory: str, max_bytes: int) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        os.makedirs(directory, exist_ok=True)
+        self._lock = threading.Lock()
+        self._pinned: dict[str, int] = {}
+        self._sizes: OrderedDict[str, int] = OrderedDict()
+        entries = sorted(os.scandir(directory), key=lambda e: e.stat().st_mtime)
+        for entry in entries:
+            if entry.is_file() and not entry.name.startswith("."):
+                self._sizes[entry.name] = entry.stat().st_size
+
+    @property
+    def used_bytes(self) -> int:
+        with self._lock:
+            return sum(self._sizes.values())
+
+    def pin(self, key: str) -> None:
+        with self._lock:
+            self._pinned[key] = self._pinned.get(key, 0) + 1
+
+    def unpin(self, key: str) -> None:
+        with self._lock:
+            left = self._pinned.get(key, 0) - 1
+            if left > 0:
+                self._pinned[key] = left
+            else:
+                self._pinned.pop(key, None)
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            with open(os.path.join(self.directory, key), "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            with self._lock:
+                self._sizes.pop(key, None)
+            return None
+        with self._lock:
+            if key in self._sizes:
+                self._sizes.move_to_end(key)
+        return data
+
+    def put(self, key: str, data: bytes) -> bool:
+        """Store a block; returns False when it could not fit without evicting a pinned block."""
+        with self._lock:
+            if len(data) > self.max_bytes:
+                return False
+            used = sum(self._sizes.values())
+            victims = []
+            for name, size in self._sizes.items():
+                if used + len(data) <= self.max_bytes:
+                    break
+                if name in self._pinned or name == key:
+                    continue
+                victims.append(name)
+                used -= size
+            if used + len(data) > self.max_bytes:
+                return False
+            for name in victims:
+                del self._sizes[name]
+                try:
+                    os.remove(os.path.join(self.directory, name))
+                except FileNotFoundError:
+                    pass
+            self._sizes[key] = len(data)
+        temporary = os.path.join(self.directory, f".tmp-{uuid.uuid4().hex}")
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, os.path.join(self.directory, key))
+        return True
+
+
+class Counters:
+    """What a trainer can log: bytes read, blocks fetched, cache hits, time spent waiting for data."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.bytes_read = 0
+        self.blocks_fetched = 0
+        self.cache_hits = 0
+        self.retries = 0
+        self.wait_seconds = 0.0
+        self.batches = 0
+        self.distinct_blocks_in_batches = 0
+
+    def add(self, **amounts: float) -> None:
+        with self._lock:
+            for name, amount in amounts.items():
+                setattr(self, name, getattr(self, name) + amount)
+
+    def as_dict(self) -> dict[str, float]:
+        """A snapshot; ``blocks_per_batch`` is the shuffle-quality figure (distinct blocks in a batch)."""
+        with self._lock:
+            out = {name: getattr(self, name) for name in (
+                "bytes_read", "blocks_fetched", "cache_hits", "retries", "wait_seconds", "batches")}
+            out["blocks_per_batch"] = self.distinct_blocks_in_batches / self.batches if self.batches else 0.0
+        return out
+
+
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, LoaderError)
+
+
+class BlockSource:
+    """Reads blocks of one corpus: footers once per shard, each block with one ranged read, with retries."""
+
+    def __init__(self, corpus: Corpus, columns: list[str], *, retries: int = 4, cache: DiskCache | None = None,
+                 verify_checksums: bool = False, counters: Counters | None = None) -> None:
+        missing = [c for c in columns if c not in corpus.schema.names]
+        if missing:
+            raise LoaderError(f"{corpus.url}: corpus has no column(s) {missing}; it has {corpus.schema.names}")
+        self.corpus = corpus
+        self.columns = columns
+        self.layout = Layout.of(corpus.shards)
+        self.retries = retries
+        self.cache = cache
+        self.verify_checksums = verify_checksums
+        self.counters = counters or Counters()
+        self._footers: dict[int, tuple[pq.FileMetaData, bytes]] = {}
+        self._locks: dict[int, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def _where(self, shard: int) -> str:
+        info = self.corpus.shards[shard]
+        if "://" not in self.corpus.url:
+            return self.corpus.shard_path(info)
+        return f"{self.corpus.url.rstrip('/')}/{info.path}"
+
+    def _fetch(self, shard: int, start: int, end: int, what: str) -> bytes:
+        """One ranged read, through the disk cache when there is one, retrying transient errors."""
+        info = self.corpus.shards[shard]
+        key = self._key(info, start, end)
+        if self.cache is not None:
+            data = self.cache.get(key)
+            if data is not None and len(data) == end - start:
+                self.counters.add(cache_hits=1)
+                return data
+        delay = 0.05
+        for attempt in range(self.retries + 1):
+            try:
+                data = self.corpus.fs.cat_file(self.corpus.shard_path(info), start=start, end=end)
+                break
+            except FileNotFoundError:
+                raise LoaderError(f"{self._where(shard)}: shard listed in the manifest is missing") from None
+            except _PERMANENT:
+                raise
+            except Exception as exc:  # noqa: BLE001 - storage clients raise many types for transient faults
+                if attempt == self.retries:
+                    raise LoaderError(f"{self._where(shard)}: reading {what} failed after {attempt + 1} "
+                                      f"attempts: {type(exc).__name__}: {exc}") from exc
+                self.counters.add(retries=1)
+                time.sleep(delay)
+                delay *= 2
+        if len(data) != end - start:
+            raise LoaderError(f"{self._where(shard)}: {what} is bytes [{start}, {end}) but the shard ends early "
+                              f"({len(data)} of {end - start} bytes read); the shard is truncated")
+        self.counters.add(bytes_read=len(data))
+        if self.cache is not None:
+            self.cache.put(key, data)
+        return data
+
+    def footer(self, shard: int) -> tuple[pq.FileMetaData, bytes]:
+        """The shard's Parquet metadata, read once and checked against the manifest."""
+        found = self._footers.get(shard)
+        if found is not None:
+            return found
+        with self._lock:
+            lock = self._locks.setdefault(shard, threading.Lock())
+        with lock:
+            found = self._footers.get(shard)
+            if found is not None:
+                return found
+            info = self.corpus.shards[shard]
+            if self.verify_checksums:
+                result = self.corpus.verify_shard(info)
+                if not result.ok:
+                    raise LoaderError(f"{self._where(shard)}: {result.detail}")
+            tail = self._fetch(shard, info.footer_offset, info.bytes, "the footer")
+            try:
+                metadata = pq.read_metadata(pa.BufferReader(tail))
+            except (pa.ArrowException, OSError) as exc:
+                raise LoaderError(f"{self._where(shard)}: footer is corrupt ({exc})") from None
+            counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+            if counts != [rg.rows for rg in info.row_groups]:
+                raise LoaderError(f"{self._where(shard)}: footer lists row groups of {counts} rows, the manifest "
+                                  f"{[rg.rows for rg in info.row_groups]}; the shard was replaced or is corrupt")
+            self._footers[shard] = (metadata, tail)
+            return metadata, tail
+
+    def block_nbytes(self, block: int) -> int:
+        """Decoded size of a block as its footer records it (used to budget prefetch memory)."""
+        metadata, _ = self.footer(int(self.layout.shard[block]))
+        return int(metadata.row_group(int(self.layout.group[block])).total_byte_size)
+
+    def cache_key(self, block: int) -> str:
+        """The disk-cache name of a block: shard checksum plus byte range, so a rewritten shard never hits."""
+        info = self.corpus.shards[int(self.layout.shard[block])]
+        rg = info.row_groups[int(self.layout.group[block])]
+        return self._key(info, rg.offset, rg.offset + rg.length)
+
+    @staticmethod
+    def _key(info: ShardInfo, start: int, end: int) -> str:
+        return f"{info.checksum.split(':')[-1][:32]}-{start}-{end}"
+
+    def read(self, block: int) -> pa.Table:
+        """Fetch and decode one block: exactly one ranged read of the row group's bytes."""
+        shard, group = int(self.layout.shard[block]), int(self.layout.group[block])
+        info = self.corpus.shards[shard]
+        metadata, tail = self.footer(shard)
+        rg = info.row_groups[group]
+        what = f"row group {group} (bytes [{rg.offset}, {rg.offset + rg.length}))"
+        data = self._fetch(shard, rg.offset, rg.offset + rg.length, what)
+        source = _RangeFile(info.bytes, [(rg.offset, data), (info.footer_offset, tail)], self._where(shard))
+        try:
+            table = pq.ParquetFile(source, metadata=metadata).read_row_group(group, columns=self.columns,
+                                                                             use_threads=False)
+        except LoaderError:
+            raise
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise LoaderError(f"{self._where(shard)}: {what} is corrupt and cannot be decoded "
+                              f"({type(exc).__name__}: {exc})") from None
+        if table.num_rows != rg.rows:
+            raise LoaderError(f"{self._where(shard)}: {what} decoded to {table.num_rows} rows, the manifest "
+                              f"says {rg.rows}")
+        self.counters.add(blocks_fetched=1)
+        return table
+

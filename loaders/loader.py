@@ -1,0 +1,421 @@
+"""``StreamingLoader``: batches of documents or packed token sequences from a gristmill corpus URL.
+
+See docs/LOADER.md for the training-script API. The loader reads blocks (row groups) with one ranged
+read each, plans every epoch from the manifest alone (loaders/plan.py), prefetches on background
+threads within a byte budget (loaders/prefetch.py) and checkpoints as a handful of numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from loaders.blocks import BlockSource, Counters, DiskCache
+from loaders.plan import EpochOrder, Generation, Split, StreamSpec, consumed_by_batches, plan_generation
+from loaders.prefetch import Prefetcher, Window
+from loaders.tokenizers import as_tokenizer
+from pipeline.format import Corpus
+
+STATE_VERSION = 1
+DEFAULT_PREFETCH_BYTES = 512 * 1024 * 1024
+DEFAULT_WINDOW_BLOCKS = 8
+
+
+def distributed_defaults() -> tuple[int, int]:
+    """(rank, world_size) from an initialised torch.distributed, else torchrun's environment, else (0, 1).
+
+    torch is only consulted when the training script has already imported it.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class StreamingLoader:
+    """An iterable of batches over a corpus; one ``for`` loop is one epoch.
+
+    Document batches are ``{column: list}`` (``output="python"``) or a ``pyarrow.Table``
+    (``output="arrow"``). With ``seq_len`` set, batches are ``{"tokens", "segment_ids"}`` int32 arrays of
+    shape ``[batch_size, seq_len]``: documents packed back to back (each followed by the tokenizer's
+    ``eos_id``), ``segment_ids`` numbering the documents within a row from 1 and 0 for padding, so
+    boundaries are recoverable. ``worker_id``/``num_workers`` are set by the PyTorch adapter.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        batch_size: int = 32,
+        columns: Sequence[str] = ("text",),
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        seq_len: int | None = None,
+        tokenizer: object = None,
+        pad_id: int = 0,
+        steps_per_epoch: int | None = None,
+        shuffle_window: int | None = None,
+        prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
+        io_threads: int = 4,
+        cache_dir: str | None = None,
+        cache_bytes: int = 16 * 1024**3,
+        verify_checksums: bool = False,
+        retries: int = 4,
+        output: str = "python",
+        storage_options: Mapping[str, Any] | None = None,
+        worker_id: int = 0,
+        num_workers: int = 1,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        if output not in ("python", "arrow"):
+            raise ValueError("output must be 'python' or 'arrow'")
+        default_rank, default_world = distributed_defaults()
+        self.url = url
+        self.batch_size = batch_size
+        self.columns = list(columns)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank = default_rank if rank is None else rank
+        self.world_size = default_world if world_size is None else world_size
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in [0, {self.world_size})")
+        self.drop_last = drop_last
+        self.seq_len = seq_len
+        self.tokenizer = as_tokenizer(tokenizer) if seq_len else None
+        self.pad_id = pad_id
+        self.steps_per_epoch = steps_per_epoch
+        self.prefetch_bytes = prefetch_bytes
+        self.io_threads = io_threads
+        self.output = output
+        self.storage_options = dict(storage_options or {})
+        self.worker_id = worker_id
+        self.num_workers = max(1, num_workers)
+        self.verify_checksums = verify_checksums
+        self.retries = retries
+        self.cache_dir = cache_dir
+        self.cache_bytes = cache_bytes
+        self.counters = Counters()
+        self.corpus = Corpus.open(url, storage_options)
+        self._source: BlockSource | None = None
+        rows = max(1, self.corpus.num_rows)
+        blocks = max(1, sum(len(s.row_groups) for s in self.corpus.shards))
+        window = shuffle_window or DEFAULT_WINDOW_BLOCKS * math.ceil(rows / blocks)
+        self.window = math.ceil(window / batch_size) * batch_size  # whole batches, so none straddles windows
+        self.epoch = 0
+        self._history: list[Generation] = []
+        self._batches = 0  # batches this rank has yielded in the current generation
+        self._streams: list[tuple[int, int]] | None = None  # token mode: (docs, tokens) per worker stream
+        self._tokens_per_row: float | None = None
+
+    # -- configuration the plan depends on --------------------------------------------------------
+    @property
+    def source(self) -> BlockSource:
+        """Opened lazily so a loader pickled into a DataLoader worker opens its own connections."""
+        if self._source is None:
+            cache = DiskCache(self.cache_dir, self.cache_bytes) if self.cache_dir else None
+            self._source = BlockSource(self.corpus, self._read_columns, retries=self.retries, cache=cache,
+                                       verify_checksums=self.verify_checksums, counters=self.counters)
+        return self._source
+
+    @property
+    def _read_columns(self) -> list[str]:
+        return ["text"] if self.seq_len else self.columns
+
+    def _generation(self) -> Generation:
+        return Generation(self.world_size, self.num_workers, self.batch_size, self.window)
+
+    def _plan(self) -> tuple[EpochOrder, list[StreamSpec], Split]:
+        order = EpochOrder.build(self.source.layout.rows, self.seed, self.epoch, self.shuffle)
+        specs, split = plan_generation(order.total, self._history, self._generation(), seed=self.seed,
+                                       epoch=self.epoch, shuffle=self.shuffle, drop_last=self.drop_last,
+                                       by_batches=self.seq_len is None)
+        return order, specs, split
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning at the next iteration (each epoch has its own shuffle)."""
+        self.epoch = epoch
+        self._history = []
+        self._batches = 0
+        self._streams = None
+
+    def __len__(self) -> int:
+        """Batches this rank yields in a whole epoch (document mode, or token mode with a step count)."""
+        steps = self._steps()
+        if steps is not None:
+            return steps
+        if self.seq_len is not None:
+            raise TypeError("a packed-token epoch has no length unless steps_per_epoch is set or world_size > 1")
+        _, _, split = self._plan()
+        return math.ceil(split.per_rank / self.batch_size)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """A few numbers that resume the stream exactly at the next batch (see docs/LOADER.md)."""
+        state: dict[str, Any] = {
+            "version": STATE_VERSION, "seed": self.seed, "shuffle": self.shuffle, "epoch": self.epoch,
+            "world_size": self.world_size, "workers": self.num_workers, "batch_size": self.batch_size,
+            "window": self.window, "batches": self._batches,
+            "history": [[g.world_size, g.workers, g.batch_size, g.window, list(g.consumed)]
+                        for g in self._history],
+        }
+        if self.seq_len is not None:
+            state["streams"] = {str(self.rank): [list(p) for p in (self._streams or [])]}
+        return state
+
+    @staticmethod
+    def merge_state_dicts(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Combine every rank's state (token mode) so it can resume under a different world size."""
+        merged = dict(states[0])
+        merged["streams"] = {rank: pos for s in states for rank, pos in s.get("streams", {}).items()}
+        return merged
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a saved state: the next batch is the one that followed it.
+
+        Under the same world size, workers and batch size this is exact; otherwise (elastic) the rows the
+        old ranks had not read are re-divided among the new ones, none lost or repeated.
+        """
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
+        for name in ("seed", "shuffle"):
+            if state[name] != getattr(self, name):
+                raise ValueError(f"state was saved with {name}={state[name]!r}, this loader has "
+                                 f"{name}={getattr(self, name)!r}")
+        self.set_epoch(int(state["epoch"]))
+        self._history = [Generation(int(w), int(k), int(b), int(c), tuple(int(x) for x in done))
+                         for w, k, b, c, done in state["history"]]
+        saved = Generation(int(state["world_size"]), int(state["workers"]), int(state["batch_size"]),
+                           int(state["window"]))
+        streams = {int(r): [tuple(p) for p in pos] for r, pos in state.get("streams", {}).items()}
+        if saved == self._generation():
+            self._batches = int(state["batches"])
+            if self.seq_len is not None:
+                self._streams = streams.get(self.rank) or None
+            return
+        # Elastic: close the saved generation with what every one of its streams consumed.
+        if self.seq_len is None:
+            _, _, split = plan_generation(
+                sum(s.rows for s in self.corpus.shards), self._history, saved, seed=self.seed, epoch=self.epoch,
+                shuffle=self.shuffle, drop_last=self.drop_last, by_batches=True)
+            per_rank = consumed_by_batches(split, saved.workers, saved.batch_size, int(state["batches"]))
+            consumed = tuple(per_rank * saved.world_size)
+        else:
+            if sorted(streams) != list(range(saved.world_size)):
+                raise ValueError("an elastic resume of packed-token batches needs every rank's state: pass "
+                                 "StreamingLoader.merge_state_dicts([state of rank 0, rank 1, ...])")
+            consumed = tuple(int(streams[r][w][0]) + (1 if streams[r][w][1] else 0)
+                             for r in range(saved.world_size) for w in range(saved.workers))
+        self._history.append(Generation(saved.world_size, saved.workers, saved.batch_size, saved.window,
+                                        consumed))
+
+    # -- iteration --------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        order, specs, split = self._plan()
+        spec = specs[self.rank * self.num_workers + self.worker_id]
+        if self.seq_len is None:
+            batches = self._documents(order, spec, split)
+        else:
+            batches = self._packed(order, spec)
+        yield from batches
+        self.set_epoch(self.epoch + 1)
+
+    def _prefetcher(self, order: EpochOrder, spec: StreamSpec, start: int, prepare: Any,
+                    expansion: float) -> Prefetcher:
+        return Prefetcher(self.source, order, spec, start, prepare, budget_bytes=self.prefetch_bytes,
+                          threads=self.io_threads, counters=self.counters, expansion=expansion)
+
+    def _count(self, blocks: np.ndarray) -> None:
+        self.counters.add(batches=1, distinct_blocks_in_batches=len(np.unique(blocks)))
+
+    def _documents(self, order: EpochOrder, spec: StreamSpec, split: Split) -> Iterator[Any]:
+        """Document batches of this worker's stream, resuming after ``self._batches`` batches of the rank."""
+        start = consumed_by_batches(split, self.num_workers, self.batch_size, self._batches)[self.worker_id]
+        if start >= len(spec.positions):
+            return
+        python = self.output == "python"
+
+        def prepare(table: pa.Table) -> tuple[Any, int]:
+            if python:
+                return {c: table.column(c).to_pylist() for c in self.columns}, 2 * table.nbytes
+            return table, table.nbytes
+
+        for window in self._prefetcher(order, spec, start, prepare, 2.0 if python else 1.0):
+            for begin in range(0, len(window.rows), self.batch_size):
+                blocks = window.blocks[begin:begin + self.batch_size]
+                rows = window.rows[begin:begin + self.batch_size]
+                batch = _python_batch(window, blocks, rows, self.columns) if python else \
+                    _arrow_batch(window, blocks, rows)
+                self._count(blocks)
+                self._batches += 1
+                yield batch
+
+    # -- packed tokens ----------------------------------------------------------------------------
+    def _steps(self) -> int | None:
+        """Batches per rank per epoch in token mode: given, or estimated so that every rank agrees."""
+        if self.seq_len is None:
+            return None
+        if self.steps_per_epoch is not None or self.world_size == 1:
+            return self.steps_per_epoch
+        if self._tokens_per_row is None:
+            first = self.source.read(0)
+            flat, offsets = self.tokenizer.encode_block(first.column("text"))  # type: ignore[union-attr]
+            extra = 1 if self.tokenizer.eos_id is not None else 0  # type: ignore[union-attr]
+            self._tokens_per_row = (len(flat) + extra * first.num_rows) / max(1, first.num_rows)
+        _, _, split = self._plan()
+        return int(split.per_rank * self._tokens_per_row // (self.batch_size * self.seq_len))
+
+    def _packed(self, order: EpochOrder, spec: StreamSpec) -> Iterator[dict[str, Any]]:
+        """Packed batches of this worker's stream; every rank yields ``_steps()`` of them when set."""
+        assert self.tokenizer is not None and self.seq_len is not None
+        tokenizer, seq_len, size = self.tokenizer, self.seq_len, self.batch_size
+        steps = self._steps()
+        quota = None if steps is None else len(range(self.worker_id, steps, self.num_workers))
+        streams = self._streams or [(0, 0)] * self.num_workers
+        docs, skip = streams[self.worker_id]
+        # Batches of the rank already yielded (resume) count against this worker's share of the steps.
+        done = 0 if steps is None else len(range(self.worker_id, min(self._batches, steps), self.num_workers))
+
+        def prepare(table: pa.Table) -> tuple[Any, int]:
+            flat, offsets = tokenizer.encode_block(table.column("text"))
+            return (flat, offsets), flat.nbytes + offsets.nbytes
+
+        packer = _Packer(seq_len, size, tokenizer.eos_id, self.pad_id, docs, skip)
+        windows = self._prefetcher(order, spec, docs, prepare, 4.0) if docs < len(spec.positions) else iter(())
+        yielded = done
+        for window in windows:
+            for batch in packer.feed(window):
+                if quota is not None and yielded >= quota:
+                    break
+                yielded += 1
+                yield self._emit(batch, packer)
+            if quota is not None and yielded >= quota:
+                break
+        if quota is None or yielded < quota:
+            for batch in packer.flush(pad_rows=quota is not None):
+                if quota is not None and yielded >= quota:
+                    break
+                yielded += 1
+                yield self._emit(batch, packer)
+        while quota is not None and yielded < quota:  # this rank ran short: pad so all ranks agree
+            yielded += 1
+            yield self._emit(packer.padding(), packer)
+
+    def _emit(self, batch: tuple[np.ndarray, np.ndarray, tuple[int, int], np.ndarray],
+              packer: _Packer) -> dict[str, Any]:
+        tokens, segments, position, blocks = batch
+        self._count(blocks)
+        self._batches += 1
+        streams = list(self._streams or [(0, 0)] * self.num_workers)
+        streams[self.worker_id] = position
+        self._streams = streams
+        return {"tokens": tokens, "segment_ids": segments, "position": position, "worker": self.worker_id}
+
+
+def _python_batch(window: Window, blocks: np.ndarray, rows: np.ndarray, columns: list[str]) -> dict[str, list]:
+    data = window.data
+    return {c: [data[b][c][r] for b, r in zip(blocks.tolist(), rows.tolist())] for c in columns}
+
+
+def _arrow_batch(window: Window, blocks: np.ndarray, rows: np.ndarray) -> pa.Table:
+    """Gather rows from several blocks: one take per block, then one reorder of the small result."""
+    pieces, order = [], np.empty(len(blocks), dtype=np.int64)
+    done = 0
+    for block in np.unique(blocks):
+        where = np.flatnonzero(blocks == block)
+        pieces.append(window.data[int(block)].take(pa.array(rows[where])))
+        order[where] = np.arange(done, done + len(where))
+        done += len(where)
+    return pa.concat_tables(pieces).combine_chunks().take(pa.array(order))
+
+
+class _Packer:
+    """Packs documents (in stream order) into ``[batch, seq_len]`` rows; tracks the resume position.
+
+    The position after a batch is (documents of the stream fully emitted, tokens of the next one
+    already emitted), counted from the stream's start, so a resume starts reading at that document and
+    drops that many of its tokens.
+    """
+
+    def __init__(self, seq_len: int, batch_size: int, eos_id: int | None, pad_id: int, docs: int,
+                 skip: int) -> None:
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        self.skip = skip
+        self.next_doc = docs  # stream index of the next document fed in
+        self.tokens: list[np.ndarray] = []
+        self.doc_of: list[np.ndarray] = []  # stream index of the document each buffered token belongs to
+        self.blocks: list[np.ndarray] = []
+        self.buffered = 0
+        self.doc_lengths: dict[int, int] = {}  # total tokens of each buffered document (incl. eos)
+
+    def feed(self, window: Window) -> Iterator[tuple[np.ndarray, np.ndarray, tuple[int, int], np.ndarray]]:
+        eos = None if self.eos_id is None else np.asarray([self.eos_id], dtype=np.int32)
+        parts, owners = [], []
+        for block, row in zip(window.blocks.tolist(), window.rows.tolist()):
+            flat, offsets = window.data[block]
+            part = flat[offsets[row]: offsets[row + 1]]
+            if eos is not None:
+                part = np.concatenate([part, eos])
+            self.doc_lengths[self.next_doc] = len(part)
+            if self.skip:
+                part, self.skip = part[self.skip:], 0
+            parts.append(part)
+            owners.append(np.full(len(part), self.next_doc, dtype=np.int64))
+            self.next_doc += 1
+        if parts:
+            self.tokens.append(np.concatenate(parts))
+            self.doc_of.append(np.concatenate(owners))
+            self.blocks.append(np.unique(window.blocks))
+            self.buffered += len(self.tokens[-1])
+        need = self.seq_len * self.batch_size
+        while self.buffered >= need:
+            yield self._take(self.batch_size)
+
+    def _take(self, rows: int, pad_to: int | None = None) -> tuple[np.ndarray, np.ndarray, tuple[int, int], np.ndarray]:
+        tokens = np.concatenate(self.tokens) if len(self.tokens) != 1 else self.tokens[0]
+        owners = np.concatenate(self.doc_of) if len(self.doc_of) != 1 else self.doc_of[0]
+        count = min(rows * self.seq_len, len(tokens))
+        out_rows = pad_to or rows
+        grid = np.full(out_rows * self.seq_len, self.pad_id, dtype=np.int32)
+        grid[:count] = tokens[:count]
+        segments = np.zeros(out_rows * self.seq_len, dtype=np.int32)
+        taken = owners[:count]
+        if count:
+            row_of = np.arange(count) // self.seq_len
+            first_in_row = taken[row_of * self.seq_len]
+            segments[:count] = (taken - first_in_row + 1).astype(np.int32)
+        self.tokens, self.doc_of = [tokens[count:]], [owners[count:]]
+        self.buffered = len(tokens) - count
+        blocks = np.concatenate(self.blocks) if self.blocks else np.zeros(0, np.int64)
+        self.blocks = self.blocks[-1:]
+        if self.buffered:
+            doc = int(owners[count])
+            position = (doc, self.doc_lengths[doc] - int((owners[count:] == doc).sum()))
+        else:
+            position = (self.next_doc, 0)
+        for doc in [d for d in self.doc_lengths if d < position[0]]:
+            del self.doc_lengths[doc]
+        return grid.reshape(out_rows, self.seq_len), segments.reshape(out_rows, self.seq_len), position, blocks
+
+    def flush(self, pad_rows: bool) -> Iterator[tuple[np.ndarray, np.ndarray, tuple[int, int], np.ndarray]]:
+        """The last, partly filled batch: its last row padded with ``pad_id`` (segment 0)."""
+        if self.buffered:
+            rows = math.ceil(self.buffered / self.seq_len)
+            yield self._take(rows, pad_to=self.batch_size if pad_rows else rows)
+
+    def padding(self) -> tuple[np.ndarray, np.ndarray, tuple[int, int], np.ndarray]:
+        shape = (self.batch_size, self.seq_len)
+        return (np.full(shape, self.pad_id, dtype=np.int32), np.zeros(shape, dtype=np.int32),
+                (self.next_doc, 0), np.zeros(0, np.int64))

@@ -1,0 +1,172 @@
+"""Background prefetch of a stream's blocks on threads, bounded in decoded bytes.
+
+A scheduler thread walks the stream's windows in order and submits each block a window needs to a
+thread pool (fetch, decode, and prepare: Python lists or tokens), reserving the block's decoded size
+from the byte budget first. The consumer receives whole windows in order and releases a window's
+blocks when it moves past it. Blocks shared by consecutive windows are fetched once. Everything waits
+on one condition variable or on futures: nothing polls.
+
+The budget is a hard limit with one exception that prevents deadlock: when a single window needs more
+than the budget, that window alone is admitted (the consumer cannot make progress without it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from loaders.blocks import BlockSource, Counters
+from loaders.plan import EpochOrder, StreamSpec
+
+
+@dataclass
+class _Entry:
+    future: Future[Any]
+    refs: int
+    nbytes: int
+
+
+@dataclass
+class Window:
+    """One shuffle window, ready to read: rows in order as (block, row) plus each block's prepared data."""
+
+    index: int
+    positions: np.ndarray
+    blocks: np.ndarray
+    rows: np.ndarray
+    data: dict[int, Any] = field(default_factory=dict)
+
+
+_END = object()
+
+
+class Prefetcher:
+    """Iterates the windows of one stream from a starting row, prefetching within ``budget_bytes``."""
+
+    def __init__(self, source: BlockSource, order: EpochOrder, spec: StreamSpec, start_row: int,
+                 prepare: Callable[[Any], tuple[Any, int]], *, budget_bytes: int, threads: int,
+                 counters: Counters, expansion: float = 1.0, max_windows_ahead: int = 8) -> None:
+        self.source = source
+        self.order = order
+        self.spec = spec
+        self.start_row = start_row
+        self.prepare = prepare
+        self.budget = budget_bytes
+        self.counters = counters
+        self.expansion = expansion
+        self.max_ahead = max_windows_ahead
+        self._cv = threading.Condition()
+        self._used = 0
+        self._released = 0  # windows the consumer has finished, counted from the first one
+        self._ready: deque[Any] = deque()
+        self._stop = False
+        self._live: dict[int, _Entry] = {}
+        self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="gristmill-fetch")
+        self._thread = threading.Thread(target=self._schedule, name="gristmill-plan", daemon=True)
+        self._thread.start()
+
+    @property
+    def used_bytes(self) -> int:
+        """Decoded bytes currently held or reserved (a figure for tests and counters)."""
+        with self._cv:
+            return self._used
+
+    def _task(self, block: int, estimate: int) -> Any:
+        if self.source.cache is not None:
+            self.source.cache.pin(self.source.cache_key(block))
+        table = self.source.read(block)
+        prepared, actual = self.prepare(table)
+        with self._cv:
+            entry = self._live.get(block)
+            if entry is not None and entry.nbytes == estimate:
+                self._used += actual - estimate
+                entry.nbytes = actual
+        return prepared
+
+    def _schedule(self) -> None:
+        try:
+            first = self.spec.window_of(self.start_row) if len(self.spec.positions) else 0
+            count = len(self.spec.bounds) - 1
+            for relative, index in enumerate(range(first, count)):
+                positions = self.spec.window(index)
+                if index == first:
+                    positions = positions[self.start_row - int(self.spec.bounds[index]):]
+                blocks, rows = self.order.locate(positions)
+                needed = [int(b) for b in np.unique(blocks)]
+                for block in needed:
+                    with self._cv:
+                        if self._stop:
+                            return
+                        if block in self._live:
+                            self._live[block].refs += 1
+                            continue
+                    estimate = int(self.source.block_nbytes(block) * self.expansion)
+                    with self._cv:
+                        self._cv.wait_for(lambda rel=relative, n=estimate: self._stop or self._released >= rel
+                                          or self._used + n <= self.budget)
+                        if self._stop:
+                            return
+                        self._used += estimate
+                        self._live[block] = _Entry(self._pool.submit(self._task, block, estimate), 1, estimate)
+                with self._cv:
+                    self._cv.wait_for(lambda rel=relative: self._stop or rel - self._released < self.max_ahead)
+                    if self._stop:
+                        return
+                    self._ready.append((index, positions, blocks, rows, needed))
+                    self._cv.notify_all()
+            with self._cv:
+                self._ready.append(_END)
+                self._cv.notify_all()
+        except BaseException as exc:  # handed to the consumer, which raises it
+            with self._cv:
+                self._ready.append(exc)
+                self._cv.notify_all()
+
+    def __iter__(self) -> Iterator[Window]:
+        try:
+            while True:
+                began = time.perf_counter()
+                with self._cv:
+                    self._cv.wait_for(lambda: bool(self._ready))
+                    item = self._ready.popleft()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                index, positions, blocks, rows, needed = item
+                with self._cv:
+                    entries = {b: self._live[b] for b in needed}
+                window = Window(index, positions, blocks, rows,
+                                {b: entry.future.result() for b, entry in entries.items()})
+                self.counters.add(wait_seconds=time.perf_counter() - began)
+                yield window
+                self._release(entries)
+        finally:
+            self.close()
+
+    def _release(self, entries: dict[int, _Entry]) -> None:
+        with self._cv:
+            for block, entry in entries.items():
+                entry.refs -= 1
+                if entry.refs == 0:
+                    self._used -= entry.nbytes
+                    if self._live.get(block) is entry:
+                        del self._live[block]
+                    if self.source.cache is not None:
+                        self.source.cache.unpin(self.source.cache_key(block))
+            self._released += 1
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        """Stop the scheduler and the fetch threads (also when the consumer stops early)."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._pool.shutdown(wait=False, cancel_futures=True)
