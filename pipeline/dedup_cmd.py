@@ -1,0 +1,96 @@
+"""``gristmill dedup INPUT... -o CORPUS``: raw documents in, a deduplicated corpus out (on Ray).
+
+Options given on the command line win over the TOML job file (``--job job.toml``), which can hold
+any key of :class:`pipeline.dedup_job.DedupConfig` at its top level or under ``[dedup]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+HELP = "Deduplicate Parquet/JSONL/WARC documents (exact + MinHash) into a sharded corpus, on Ray."
+
+# Command-line options that map one to one onto DedupConfig fields.
+_OPTIONS = ("threshold", "num_perm", "ngram", "bands", "rows", "seed", "text_column", "id_column",
+            "max_doc_bytes", "split_bytes", "num_partitions", "removed", "against", "shard_bytes",
+            "row_group_bytes")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="*", metavar="INPUT",
+                        help="files, globs or folders (any fsspec URL) of Parquet, JSONL(.gz/.zst), WARC(.gz), "
+                             "or a corpus folder")
+    parser.add_argument("-o", "--output", help="the corpus folder to write (any fsspec URL)")
+    parser.add_argument("--job", metavar="TOML", help="a TOML job file with any of these options")
+    parser.add_argument("--threshold", type=float, help="Jaccard similarity counted as near-duplicate (default 0.8)")
+    parser.add_argument("--num-perm", type=int, help="MinHash permutations (default 128)")
+    parser.add_argument("--ngram", type=int, help="words per shingle (default 5)")
+    parser.add_argument("--bands", type=int, help="LSH bands (with --rows; default: optimal for the threshold)")
+    parser.add_argument("--rows", type=int, help="rows per LSH band (with --bands)")
+    parser.add_argument("--seed", type=int, help="MinHash seed (default dedup.DEFAULT_SEED)")
+    parser.add_argument("--text-column", help="field holding the text (default 'text')")
+    parser.add_argument("--id-column", help="field holding the id (default 'id'; generated when absent)")
+    parser.add_argument("--max-doc-bytes", type=int, help="reject documents larger than this (default 10 MiB)")
+    parser.add_argument("--split-bytes", type=int, help="input bytes per parallel split (default 64 MiB)")
+    parser.add_argument("--num-partitions", type=int, help="hash partitions per shuffle (default 16)")
+    parser.add_argument("--removed", metavar="CORPUS2", help="also write the removed documents here")
+    parser.add_argument("--against", metavar="CORPUS", help="dedup against an earlier corpus's signature index")
+    parser.add_argument("--shard-bytes", type=int, help="target shard size (default 256 MiB)")
+    parser.add_argument("--row-group-bytes", type=int, help="target row group size (default 4 MiB)")
+    parser.add_argument("--keep-work", action="store_true", default=None,
+                        help="keep OUTPUT/_work (intermediate results) after success")
+    parser.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
+
+
+def load_job_file(path: str) -> dict[str, Any]:
+    """The options of a TOML job file (top level, or its ``[dedup]`` table)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    with open(path, "rb") as handle:
+        data = tomllib.load(handle)
+    table = data.get("dedup", data)
+    return {key.replace("-", "_"): value for key, value in table.items()}
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """Merge the job file and the command line (the command line wins) into a DedupConfig."""
+    from pipeline.dedup_job import DedupConfig, DedupError
+
+    values: dict[str, Any] = load_job_file(args.job) if args.job else {}
+    if args.inputs:
+        values["inputs"] = list(args.inputs)
+    if args.output:
+        values["output"] = args.output
+    for name in _OPTIONS:
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    if args.keep_work:
+        values["keep_work"] = True
+    if not values.get("inputs") or not values.get("output"):
+        raise DedupError("need INPUT... and -o OUTPUT (on the command line or in the job file)")
+    return DedupConfig.from_mapping(values)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.dedup_job import DedupError, run_dedup
+    from pipeline.format import CorpusError
+    from pipeline.inputs import InputError
+    from pipeline.stats_cmd import render
+
+    try:
+        config = config_from_args(args)
+        if args.ray_address:
+            import ray
+
+            ray.init(address=args.ray_address)
+        stats = run_dedup(config)
+    except (DedupError, InputError, CorpusError, OSError, ValueError) as exc:
+        print(f"gristmill dedup: {exc}", file=sys.stderr)
+        return 2
+    print(render(stats))
+    return 0

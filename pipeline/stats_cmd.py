@@ -1,0 +1,76 @@
+"""``gristmill stats CORPUS``: the dedup statistics a corpus's manifest holds, readably or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline.format import Corpus, CorpusError
+from pipeline.inspect_cmd import human_bytes
+
+HELP = "Print a corpus's dedup statistics: documents kept/removed/rejected, breakdowns, clusters, stage times."
+TOP = 10  # rows shown per breakdown table
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("corpus", help="corpus folder or URL")
+    parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
+
+
+def _table(title: str, rows: Mapping[str, Mapping[str, int]]) -> list[str]:
+    if not rows:
+        return []
+    ordered = sorted(rows.items(), key=lambda kv: (-kv[1].get("input", 0), kv[0]))
+    lines = [f"{title:<40} {'input':>10} {'kept':>10} {'exact':>10} {'near':>10} {'rejected':>10}"]
+    for name, row in ordered[:TOP]:
+        lines.append(f"  {name[:38]:<38} {row.get('input', 0):>10,} {row.get('kept', 0):>10,} "
+                     f"{row.get('exact_duplicate', 0):>10,} {row.get('near_duplicate', 0):>10,} "
+                     f"{row.get('rejected', 0):>10,}")
+    if len(ordered) > TOP:
+        lines.append(f"  ... and {len(ordered) - TOP} more")
+    return lines
+
+
+def render(stats: Mapping[str, Any]) -> str:
+    """People-readable lines for the statistics ``run_dedup`` puts in a manifest."""
+    docs = stats.get("documents", {})
+    total = docs.get("input", 0) or 1
+    lines = [f"documents  {docs.get('input', 0):,} in"]
+    for name in ("kept", "exact_duplicate", "near_duplicate", "rejected"):
+        lines.append(f"  {name:<16} {docs.get(name, 0):>12,}  {100 * docs.get(name, 0) / total:5.1f}%")
+    rejected = {k: v for k, v in stats.get("rejected", {}).items() if v}
+    if rejected:
+        lines.append("rejected   " + ", ".join(f"{k} {v:,}" for k, v in rejected.items()))
+    size = stats.get("bytes", {})
+    tokens = stats.get("approx_tokens", {})
+    lines.append(f"bytes      {human_bytes(size.get('input_documents', 0))} in, {human_bytes(size.get('kept', 0))} kept; "
+                 f"~{tokens.get('input_documents', 0):,} -> ~{tokens.get('kept', 0):,} tokens (bytes/4)")
+    sizes = stats.get("cluster_sizes", {})
+    if sizes:
+        lines.append("clusters   size:count " + " ".join(f"{k}:{v}" for k, v in sizes.items()))
+    lines += _table("by source", stats.get("by_source", {}))
+    lines += _table("by domain", stats.get("by_domain", {}))
+    lines += _table("by language", stats.get("by_language", {}))
+    seconds = stats.get("stage_seconds", {})
+    if seconds:
+        lines.append("stages     " + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items())
+                     + (f"  (total {stats['wall_seconds']:.1f}s)" if "wall_seconds" in stats else ""))
+    if stats.get("resumed_stages"):
+        lines.append("resumed    " + ", ".join(stats["resumed_stages"]))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        corpus = Corpus.open(args.corpus)
+    except CorpusError as exc:
+        print(f"gristmill stats: {exc}", file=sys.stderr)
+        return 2
+    if not corpus.stats:
+        print(f"gristmill stats: {args.corpus}: the manifest holds no statistics", file=sys.stderr)
+        return 1
+    print(json.dumps(corpus.stats, indent=2) if args.json else render(corpus.stats))
+    return 0
