@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 COMMANDS: dict[str, str] = {
     "inspect": "pipeline.inspect_cmd",
+    "crawl": "crawlers.cli",
+    "serve": "pipeline.serve_cmd",
     "dedup": "pipeline.dedup_cmd",
     "stats": "pipeline.stats_cmd",
 }

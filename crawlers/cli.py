@@ -1,0 +1,106 @@
+"""``gristmill crawl SEEDS -o OUT``: crawl seed URLs or sitemaps into raw corpus shards; re-run to resume."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+HELP = "crawl seed URLs or sitemaps into raw corpus shards (re-running resumes)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("seeds", help="file with one seed URL per line (# comments allowed), or '-' for stdin; "
+                                      "sitemap URLs (*.xml, *.xml.gz) are expanded")
+    parser.add_argument("-o", "--output", required=True, help="corpus folder (local path or fsspec URL)")
+    parser.add_argument("--state-dir", help="frontier folder (default OUTPUT/.crawl; required for remote output)")
+    parser.add_argument("--concurrency", type=int, default=64, help="connections overall (default 64)")
+    parser.add_argument("--per-host", type=int, default=2, help="connections per host (default 2)")
+    parser.add_argument("--delay", type=float, default=1.0, help="minimum seconds between requests to a host")
+    parser.add_argument("--max-delay", type=float, default=60.0, help="cap of the adaptive per-host delay")
+    parser.add_argument("--crawl-delay-cap", type=float, default=30.0, help="cap on robots.txt Crawl-delay")
+    parser.add_argument("--no-robots", action="store_true", help="ignore robots.txt (only for your own sites)")
+    parser.add_argument("--max-pages", type=int, help="stop after this many documents in total")
+    parser.add_argument("--max-depth", type=int, default=10)
+    parser.add_argument("--max-pages-per-host", type=int, default=100_000)
+    parser.add_argument("--follow", choices=("same-host", "any"), default="same-host",
+                        help="follow links only to the seeds' hosts (default) or anywhere")
+    parser.add_argument("--retries", type=int, default=3, help="retries per URL on errors, 429 and 5xx")
+    parser.add_argument("--max-body-mb", type=float, default=10.0)
+    parser.add_argument("--timeout", type=float, default=60.0, help="total seconds per request")
+    parser.add_argument("--no-extract", action="store_true",
+                        help="store the page's visible text instead of extracted main text (faster)")
+    parser.add_argument("--extract-workers", type=int, help="extraction processes (default: CPUs - 1)")
+    parser.add_argument("--warc", action="store_true", help="also write WARC/1.1 files under OUTPUT/warc/")
+    parser.add_argument("--allow-network", action="append", default=[], metavar="CIDR",
+                        help="allow these private/loopback networks (e.g. 127.0.0.0/8); repeatable")
+    parser.add_argument("--resolve", action="append", default=[], metavar="HOST=IP",
+                        help="resolve HOST to IP without DNS (like curl --resolve); repeatable")
+    parser.add_argument("--proxy", action="append", default=[], metavar="URL[,region=R][,hosts=GLOB|GLOB]",
+                        help="add a proxy to the pool; repeatable")
+    parser.add_argument("--route", action="append", default=[], metavar="GLOB=REGION",
+                        help="send hosts matching GLOB through proxies of REGION; repeatable")
+    parser.add_argument("--retry-parked", action="store_true", help="give parked hosts another chance")
+    parser.add_argument("--user-agent", help="User-Agent header")
+    parser.add_argument("--progress", type=float, default=10.0, help="seconds between progress lines")
+    parser.add_argument("--quiet", action="store_true", help="only warnings and the summary")
+
+
+def _pairs(values: list[str], what: str) -> dict[str, str]:
+    pairs = {}
+    for value in values:
+        key, sep, target = value.partition("=")
+        if not sep or not key or not target:
+            raise SystemExit(f"gristmill crawl: {what} {value!r} is not KEY=VALUE")
+        pairs[key] = target
+    return pairs
+
+
+def read_seeds(path: str) -> list[str]:
+    """Seed URLs from a file (or stdin), one per line, blank lines and # comments ignored."""
+    handle = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
+    try:
+        return [line.strip() for line in handle if line.strip() and not line.lstrip().startswith("#")]
+    finally:
+        if handle is not sys.stdin:
+            handle.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from .crawler import CrawlConfig, crawl
+
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        seeds = read_seeds(args.seeds)
+    except OSError as exc:
+        print(f"gristmill crawl: cannot read seeds: {exc}", file=sys.stderr)
+        return 2
+    options: dict[str, Any] = {
+        "state_dir": args.state_dir, "concurrency": args.concurrency, "per_host_concurrency": args.per_host,
+        "min_delay": args.delay, "max_delay": args.max_delay, "crawl_delay_cap": args.crawl_delay_cap,
+        "obey_robots": not args.no_robots, "max_pages": args.max_pages, "max_depth": args.max_depth,
+        "max_pages_per_host": args.max_pages_per_host, "follow": args.follow, "max_retries": args.retries,
+        "max_body_bytes": int(args.max_body_mb * 1024 * 1024), "total_timeout": args.timeout,
+        "extract": not args.no_extract, "warc": args.warc, "allow_networks": tuple(args.allow_network),
+        "host_map": _pairs(args.resolve, "--resolve"), "proxies": tuple(args.proxy),
+        "proxy_routes": _pairs(args.route, "--route"), "retry_parked": args.retry_parked,
+        "progress_interval": args.progress,
+    }
+    if args.extract_workers:
+        options["extract_workers"] = args.extract_workers
+    if args.user_agent:
+        options["user_agent"] = args.user_agent
+    try:
+        config = CrawlConfig(**options)
+    except ValueError as exc:
+        print(f"gristmill crawl: {exc}", file=sys.stderr)
+        return 2
+    summary = crawl(seeds, args.output, config)
+    report = summary.to_dict()
+    report.pop("hosts")
+    report["errors"] = report["errors"][:20]
+    print(json.dumps(report, indent=1))
+    return 0

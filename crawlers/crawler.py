@@ -1,0 +1,753 @@
+"""The crawl loop: one event loop, many hosts, per-host politeness, retries, and durable state.
+
+Why a dispatcher over a heap of hosts rather than a worker pool per URL: politeness is a property of
+the host (how many connections, how long since the last request, whether it is backing off), so the
+scheduler asks "which host may take a request now?" and only then "which of its URLs?". A global
+semaphore caps connections overall; hosts wait in a heap keyed by the time they may be asked again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import heapq
+import itertools
+import logging
+import os
+import random
+import signal
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from . import sitemaps
+from .extract import ExtractionPool, ExtractionTimeout, content_hash, decode_html, detect_language
+from .fetch import HTML_TYPES, SITEMAP_TYPES, BlockedError, Fetcher, FetchError, FetchLimits, Response
+from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, now_ms
+from .output import Committer, warc_payload
+from .proxies import NoProxyAvailable, ProxyPool, ProxySpec
+from .robots import Robots, fetch_robots
+from .safety import AddressPolicy
+from .urls import BadURL, host_of, normalize_url, origin_of, parse_page, url_id
+
+log = logging.getLogger("gristmill.crawl")
+
+_ROBOTS = object()  # the dispatch token for "fetch this host's robots.txt first"
+STATE_FILE = "frontier.sqlite"
+
+
+@dataclass
+class CrawlConfig:
+    """Every knob of a crawl; the defaults are polite (see docs/CRAWL.md for each)."""
+
+    user_agent: str = "gristmill/0.1 (+https://github.com/gristmill/gristmill)"
+    robots_agent: str = "gristmill"
+    obey_robots: bool = True
+    robots_ttl: float = 24 * 3600.0
+    robots_error_ttl: float = 60.0
+    robots_sitemaps: bool = True
+    concurrency: int = 64
+    per_host_concurrency: int = 2
+    min_delay: float = 1.0
+    max_delay: float = 60.0
+    crawl_delay_cap: float = 30.0
+    adaptive: bool = True
+    target_host_concurrency: float = 1.0
+    max_retries: int = 3
+    backoff_base: float = 1.0
+    backoff_cap: float = 120.0
+    max_retry_after: float = 300.0
+    park_after: int = 10
+    max_depth: int = 10
+    max_url_length: int = 2048
+    max_pages_per_host: int = 100_000
+    max_pages: int | None = None
+    max_redirects: int = 5
+    follow: str = "same-host"
+    max_body_bytes: int = 10 * 1024 * 1024
+    max_decompressed_bytes: int = 40 * 1024 * 1024
+    connect_timeout: float = 10.0
+    read_timeout: float = 20.0
+    total_timeout: float = 60.0
+    allow_private: bool = False
+    allow_networks: tuple[str, ...] = ()
+    host_map: Mapping[str, str] = field(default_factory=dict)
+    proxies: tuple[ProxySpec, ...] = ()
+    proxy_routes: Mapping[str, str] = field(default_factory=dict)
+    proxy_ban_after: int = 3
+    proxy_cooldown: float = 300.0
+    proxy_health_url: str | None = None
+    proxy_health_interval: float = 30.0
+    extract: bool = True
+    extract_workers: int = max(1, (os.cpu_count() or 2) - 1)
+    extract_timeout: float = 30.0
+    warc: bool = False
+    commit_every: int = 1000
+    commit_interval: float = 30.0
+    shard_bytes: int = 256 * 1024 * 1024
+    row_group_bytes: int = 4 * 1024 * 1024
+    state_dir: str | None = None
+    synchronous: str = "NORMAL"
+    progress_interval: float = 10.0
+    retry_parked: bool = False
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.follow not in ("same-host", "any"):
+            raise ValueError(f"follow must be 'same-host' or 'any', not {self.follow!r}")
+        if self.per_host_concurrency < 1 or self.concurrency < 1:
+            raise ValueError("concurrency and per_host_concurrency must be at least 1")
+        self.allow_networks = tuple(self.allow_networks)
+        self.proxies = tuple(ProxySpec.parse(p) if isinstance(p, str) else p for p in self.proxies)
+
+
+@dataclass
+class CrawlSummary:
+    """What a crawl did; ``outcomes`` covers every URL ever admitted (all runs)."""
+
+    output: str
+    documents: int
+    fetched_this_run: int
+    requests: int
+    bytes: int
+    elapsed_s: float
+    pages_per_s: float
+    status_counts: dict[str, int]
+    outcomes: dict[str, int]
+    queued: int
+    parked_hosts: dict[str, str]
+    hosts: dict[str, dict[str, Any]]
+    proxies: list[dict[str, Any]]
+    errors: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class _Host:
+    id: int
+    origin: str
+    name: str
+    delay: float
+    queue: deque[Request] = field(default_factory=deque)
+    retries: list[tuple[float, int, Request]] = field(default_factory=list)
+    cursor: int = 0
+    exhausted: bool = False
+    inflight: int = 0
+    next_at: float = 0.0
+    crawl_delay: float = 0.0
+    robots: Robots | None = None
+    robots_pending: bool = False
+    robots_failures: int = 0
+    consecutive_failures: int = 0
+    failures: int = 0
+    requests: int = 0
+    parked: str | None = None
+    version: int = 0
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header in either form (delta-seconds or HTTP-date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def outcome_kind(outcome: str) -> str:
+    """The category of an outcome string (``"http 404"`` -> ``"http"``), for the summary."""
+    return outcome.split(":")[0].split(" ")[0]
+
+
+class Crawler:
+    """A crawl into ``output``; ``run()`` resumes whatever state the output folder already holds."""
+
+    def __init__(self, seeds: list[str], output: str, config: CrawlConfig | None = None,
+                 on_progress: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.config = config or CrawlConfig()
+        self.output = output
+        self.seeds = list(seeds)
+        self.on_progress = on_progress
+        state_dir = self.config.state_dir
+        if state_dir is None:
+            if "://" in output and not output.startswith("file://"):
+                raise ValueError(f"{output}: a remote output needs state_dir (a local folder for the frontier)")
+            state_dir = os.path.join(output.removeprefix("file://"), ".crawl")
+        os.makedirs(state_dir, exist_ok=True)
+        self.state_path = os.path.join(state_dir, STATE_FILE)
+        self._hosts: dict[int, _Host] = {}
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._inflight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._scope: set[str] = set()
+        self._status = Counter[str]()
+        self._errors: list[str] = []
+        self._bytes = 0
+        self._requests = 0
+        self._fetched = 0
+        self._pending_results = 0
+        self._documents = 0
+
+    # -- public ------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Finish what is in flight, commit, and return (SIGINT/SIGTERM call this)."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> CrawlSummary:
+        cfg = self.config
+        started = time.monotonic()
+        self.frontier = Frontier(self.state_path, cfg.synchronous)
+        self.committer = Committer(self.output, self.frontier, shard_bytes=cfg.shard_bytes,
+                                   row_group_bytes=cfg.row_group_bytes, warc=cfg.warc,
+                                   storage_options=cfg.storage_options)
+        for orphan in self.committer.remove_orphans():
+            log.info("removed %s: written by an interrupted commit, never listed by a manifest", orphan)
+        if cfg.retry_parked:
+            self.frontier.unpark_all()
+        self.fetcher = Fetcher(cfg.user_agent, FetchLimits(cfg.max_body_bytes, cfg.max_decompressed_bytes,
+                                                           cfg.connect_timeout, cfg.read_timeout, cfg.total_timeout),
+                               AddressPolicy(cfg.allow_networks, cfg.allow_private), dict(cfg.host_map),
+                               max_connections=cfg.concurrency)
+        self.proxies = ProxyPool(cfg.proxies, cfg.proxy_routes, ban_after=cfg.proxy_ban_after,
+                                 cooldown=cfg.proxy_cooldown)
+        self.pool = ExtractionPool(cfg.extract_workers, cfg.extract_timeout) if cfg.extract else None
+        self._extract_slots = asyncio.Semaphore(max(4, 4 * cfg.extract_workers))
+        self._slots = asyncio.Semaphore(cfg.concurrency)
+        self._documents = self.frontier.documents()
+        self._pending_results = self.frontier.unsharded_count()
+        background: list[asyncio.Task[None]] = []
+        try:
+            self.committer.publish(self._stats())  # a crash between recording a shard and publishing
+            self._admit_seeds()
+            self._load_hosts()
+            background = [asyncio.create_task(self._committer_loop()),
+                          asyncio.create_task(self._progress_loop(started))]
+            if self.proxies and cfg.proxy_health_url:
+                background.append(asyncio.create_task(self._health_loop()))
+            await self._dispatch()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await self.fetcher.close()
+            if self.pool is not None:
+                self.pool.close()
+            try:
+                self.committer.flush(self._stats())
+                self._pending_results = 0
+            finally:
+                summary = self._summary(time.monotonic() - started)
+                self.frontier.close()
+        return summary
+
+    # -- admission ---------------------------------------------------------------------------
+    def _admit_seeds(self) -> None:
+        with self.frontier.transaction():
+            for seed in self.seeds:
+                try:
+                    url = normalize_url(seed)
+                except BadURL as exc:
+                    self._error(f"seed {exc}")
+                    continue
+                self._scope.add(host_of(url))
+                kind = KIND_SITEMAP if sitemaps.looks_like_sitemap(url) else KIND_PAGE
+                self.frontier.add(url, origin_of(url), 0, kind)
+        for row in self.frontier.db.execute("SELECT DISTINCT url FROM urls WHERE depth = 0"):
+            self._scope.add(host_of(row[0]))
+
+    def _admit(self, url: str, depth: int, kind: int = KIND_PAGE, via: str | None = None, hops: int = 0,
+               scoped: bool = True) -> str | None:
+        """Add a discovered URL under the trap limits; returns why it was refused, or None."""
+        cfg = self.config
+        if len(url) > cfg.max_url_length:
+            return "url too long"
+        if depth > cfg.max_depth:
+            return "too deep"
+        name = host_of(url)
+        if scoped and cfg.follow == "same-host" and name not in self._scope:
+            return "out of scope"
+        origin = origin_of(url)
+        if self.frontier.admitted(origin) >= cfg.max_pages_per_host:
+            return "host page limit"
+        request = self.frontier.add(url, origin, depth, kind, via, hops)
+        if request is None:
+            return "seen"
+        host = self._host(request.host)
+        if host.exhausted and len(host.queue) < 256 and not host.parked:
+            host.queue.append(request)
+            host.cursor = request.rowid
+        else:
+            host.exhausted = False
+        self._schedule(host)
+        return None
+
+    def _host(self, host_id: int) -> _Host:
+        host = self._hosts.get(host_id)
+        if host is None:
+            origin = self.frontier.origin(host_id)
+            host = _Host(host_id, origin, urlsplit(origin).hostname or "", self.config.min_delay)
+            self._hosts[host_id] = host
+        return host
+
+    def _load_hosts(self) -> None:
+        for host_id in self.frontier.queued_hosts():
+            self._schedule(self._host(host_id))
+
+    def _refill(self, host: _Host) -> None:
+        if host.queue or host.exhausted:
+            return
+        batch = self.frontier.load(host.id, host.cursor, 256)
+        host.queue.extend(batch)
+        if batch:
+            host.cursor = batch[-1].rowid
+        host.exhausted = len(batch) < 256
+
+    # -- scheduling --------------------------------------------------------------------------
+    def _schedule(self, host: _Host, at: float | None = None) -> None:
+        """(Re)enter a host in the heap at the earliest time it may be asked for a request."""
+        if host.parked:
+            return
+        self._refill(host)
+        if not host.queue and not host.retries:
+            return  # hosts with nothing queued come back through _admit or when a request finishes
+        when = host.next_at if at is None else max(at, host.next_at)
+        if not host.queue and host.retries:
+            when = max(when, host.retries[0][0])
+        host.version += 1
+        heapq.heappush(self._heap, (when, next(self._seq), host.version, host.id))
+        self._wake.set()
+
+    def _limit_reached(self) -> bool:
+        limit = self.config.max_pages
+        return limit is not None and self._documents >= limit
+
+    async def _dispatch(self) -> None:
+        while True:
+            await self._slots.acquire()
+            item = await self._next()
+            if item is None:
+                self._slots.release()
+                return
+            host, request = item
+            self._inflight += 1
+            host.inflight += 1
+            host.requests += 1
+            self._requests += 1
+            task = asyncio.create_task(self._work(host, request))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _next(self) -> tuple[_Host, Any] | None:
+        while True:
+            if self._stopping or self._limit_reached():
+                return None
+            now = time.monotonic()
+            while self._heap and self._heap[0][0] <= now:
+                _when, _seq, version, host_id = heapq.heappop(self._heap)
+                host = self._hosts[host_id]
+                if version != host.version:
+                    continue
+                host.version += 1
+                request = self._take(host, now)
+                if request is not None:
+                    return host, request
+            if not self._heap and not self._tasks:
+                return None
+            timeout = self._heap[0][0] - now if self._heap else None
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    def _take(self, host: _Host, now: float) -> Any:
+        """The next request for a host that is due now, or None (the host is rescheduled as needed)."""
+        cfg = self.config
+        if host.parked or host.inflight >= cfg.per_host_concurrency or host.robots_pending:
+            return None  # rescheduled when a request finishes or robots.txt arrives
+        if host.next_at > now:
+            self._schedule(host)
+            return None
+        if cfg.obey_robots and (host.robots is None or host.robots.expires <= now):
+            host.robots_pending = True
+            host.next_at = now + host.delay
+            return _ROBOTS
+        if host.robots is not None and host.robots.unavailable is not None:
+            self._schedule(host, host.robots.expires)
+            return None
+        request = self._pop(host, now)
+        if request is None:
+            self._schedule(host)
+            return None
+        host.next_at = now + self._delay(host)
+        self._schedule(host)
+        return request
+
+    def _pop(self, host: _Host, now: float) -> Request | None:
+        """Next URL of a host, skipping (and recording) those robots.txt disallows."""
+        while True:
+            if host.retries and host.retries[0][0] <= now:
+                request = heapq.heappop(host.retries)[2]
+            else:
+                self._refill(host)
+                if not host.queue:
+                    return None
+                request = host.queue.popleft()
+            if host.robots is not None and not host.robots.allowed(request.url, self.config.robots_agent):
+                with self.frontier.transaction():
+                    self.frontier.finish(request, "robots: disallowed by robots.txt")
+                continue
+            return request
+
+    def _delay(self, host: _Host) -> float:
+        return max(host.delay, host.crawl_delay, self.config.min_delay)
+
+    # -- politeness feedback -----------------------------------------------------------------
+    def _on_response(self, host: _Host, latency: float, ok: bool) -> None:
+        """AutoThrottle-style: aim at latency / target concurrency; errors only ever lengthen."""
+        cfg = self.config
+        floor = max(cfg.min_delay, host.crawl_delay)
+        if ok:
+            host.consecutive_failures = 0
+            if cfg.adaptive:
+                target = latency / cfg.target_host_concurrency
+                host.delay = max(target, (host.delay + target) / 2)
+        else:
+            host.consecutive_failures += 1
+            host.failures += 1
+            host.delay = max(host.delay * 2, cfg.backoff_base / 4, latency)
+        host.delay = min(cfg.max_delay, max(floor, host.delay))
+
+    def _backoff(self, attempt: int) -> float:
+        """Exponential backoff with equal jitter: half fixed, half random."""
+        ceiling = min(self.config.backoff_cap, self.config.backoff_base * 2 ** (attempt - 1))
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+    def _park(self, host: _Host, reason: str) -> None:
+        host.parked = reason
+        host.queue.clear()
+        host.retries.clear()
+        count = self.frontier.park_host(host.id, reason)
+        self._error(f"{host.origin}: parked ({reason}); {count} queued URLs set aside")
+
+    def _failed(self, host: _Host, request: Request, reason: str, retry_after: float | None = None) -> None:
+        """A transient failure: slow the host, retry with backoff or give up, park a hopeless host."""
+        cfg = self.config
+        now = time.monotonic()
+        if retry_after is not None:
+            host.next_at = max(host.next_at, now + min(retry_after, cfg.max_retry_after))
+        if host.consecutive_failures >= cfg.park_after:
+            self._park(host, f"{host.consecutive_failures} consecutive failures, last: {reason}")
+            return
+        request.attempts += 1
+        with self.frontier.transaction():
+            if request.attempts > cfg.max_retries:
+                self.frontier.finish(request, f"failed: {reason} (after {request.attempts} attempts)")
+                self._error(f"{request.url}: giving up after {request.attempts} attempts: {reason}")
+                return
+            self.frontier.retry(request)
+        wait = min(retry_after, cfg.max_retry_after) if retry_after is not None else self._backoff(request.attempts)
+        request.not_before = now + wait
+        heapq.heappush(host.retries, (request.not_before, next(self._seq), request))
+
+    # -- work --------------------------------------------------------------------------------
+    async def _work(self, host: _Host, request: Any) -> None:
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._inflight -= 1
+                host.inflight -= 1
+                self._slots.release()
+                self._schedule(host)
+                self._wake.set()
+
+        try:
+            if request is _ROBOTS:
+                await self._robots(host)
+            else:
+                await self._fetch(host, request, release)
+        except Exception as exc:  # a bug must not take the crawl down; the URL is recorded as failed
+            url = getattr(request, "url", host.origin + "/robots.txt")
+            log.exception("internal error on %s", url)
+            self._error(f"{url}: internal error {type(exc).__name__}: {exc}")
+            if isinstance(request, Request):
+                with self.frontier.transaction():
+                    self.frontier.finish(request, f"error: internal {type(exc).__name__}")
+        finally:
+            if request is _ROBOTS:
+                host.robots_pending = False
+            release()
+            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._wake.set()
+
+    async def _robots(self, host: _Host) -> None:
+        cfg = self.config
+        proxy = self._proxy(host)
+        robots, latencies = await fetch_robots(self.fetcher, host.origin, cfg.robots_agent, cfg.robots_ttl,
+                                               cfg.robots_error_ttl, proxy)
+        host.robots = robots
+        self._on_response(host, max(latencies, default=0.0), robots.unavailable is None)
+        if robots.unavailable is not None:
+            host.robots_failures += 1
+            self._error(f"{host.origin}/robots.txt unavailable, host deferred: {robots.unavailable}")
+            if host.robots_failures > cfg.max_retries:
+                self._park(host, f"robots.txt unavailable: {robots.unavailable}")
+            return
+        host.robots_failures = 0
+        delay = robots.crawl_delay(cfg.robots_agent)
+        host.crawl_delay = min(delay, cfg.crawl_delay_cap) if delay else 0.0
+        host.delay = max(host.delay, host.crawl_delay)
+        if cfg.robots_sitemaps and robots.sitemaps:
+            with self.frontier.transaction():
+                for link in robots.sitemaps:
+                    try:
+                        self._admit(normalize_url(link), 0, KIND_SITEMAP)
+                    except BadURL:
+                        continue
+
+    def _proxy(self, host: _Host) -> str | None:
+        return self.proxies.choose(host.name) if self.proxies else None
+
+    async def _fetch(self, host: _Host, request: Request, release: Callable[[], None]) -> None:
+        try:
+            proxy = self._proxy(host)
+        except NoProxyAvailable as exc:
+            self._failed(host, request, str(exc), self.config.proxy_cooldown / 10)
+            return
+        accept = SITEMAP_TYPES if request.kind == KIND_SITEMAP else HTML_TYPES
+        try:
+            response = await self.fetcher.fetch(request.url, accept, proxy)
+        except BlockedError as exc:
+            self._finish(request, f"blocked: {exc}")
+            return
+        except FetchError as exc:
+            if exc.retryable:
+                self.proxies.report(proxy, host.name, None)
+                self._status[exc.kind] += 1
+                self._on_response(host, self.config.read_timeout, ok=False)
+                self._failed(host, request, str(exc))
+            else:
+                self._status[exc.kind] += 1
+                self._finish(request, f"rejected: {exc}")
+            return
+        status = response.status
+        self._status[str(status)] += 1
+        self._bytes += len(response.body)
+        banned = self.proxies.report(proxy, host.name, status, response.body) if proxy else False
+        if status == 429 or status >= 500 or banned:
+            self._on_response(host, response.elapsed, ok=False)
+            self._failed(host, request, f"http {status}" + (" (ban signal via proxy)" if banned else ""),
+                         _retry_after(response.headers.get("Retry-After")))
+            return
+        self._on_response(host, response.elapsed, ok=True)
+        if 300 <= status < 400:
+            self._redirect(request, response)
+            return
+        if status >= 400 or status < 200:
+            self._finish(request, f"http {status}")
+            return
+        release()  # the connection is done; parsing and extraction do not hold the host's slot
+        if request.kind == KIND_SITEMAP:
+            self._sitemap(request, response)
+        else:
+            await self._page(request, response)
+
+    def _finish(self, request: Request, outcome: str) -> None:
+        with self.frontier.transaction():
+            self.frontier.finish(request, outcome)
+
+    def _redirect(self, request: Request, response: Response) -> None:
+        location = response.headers.get("Location")
+        if not location:
+            self._finish(request, f"http {response.status}: redirect without Location")
+            return
+        if request.hops >= self.config.max_redirects:
+            self._finish(request, f"redirect: chain longer than {self.config.max_redirects} hops")
+            return
+        try:
+            target = normalize_url(urljoin(request.url, location))
+        except BadURL as exc:
+            self._finish(request, f"redirect: bad Location ({exc})")
+            return
+        with self.frontier.transaction():
+            if request.depth == 0:
+                self._scope.add(host_of(target))
+            refused = self._admit(target, request.depth, request.kind, request.via or request.url,
+                                  request.hops + 1, scoped=False)
+            if refused == "seen":
+                self.frontier.finish(request, "redirect: target already seen (loop or duplicate)")
+            elif refused is not None:
+                self.frontier.finish(request, f"redirect: target refused ({refused})")
+            else:
+                self.frontier.finish(request, "redirect")
+
+    def _sitemap(self, request: Request, response: Response) -> None:
+        try:
+            entries = sitemaps.parse_sitemap(response.body, request.url, self.config.max_decompressed_bytes)
+        except sitemaps.SitemapError as exc:
+            self._finish(request, f"rejected: {exc}")
+            self._error(str(exc))
+            return
+        with self.frontier.transaction():
+            for link, is_index in entries:
+                self._admit(link, 0, KIND_SITEMAP if is_index else KIND_PAGE)
+            self.frontier.finish(request, "sitemap")
+
+    async def _page(self, request: Request, response: Response) -> None:
+        cfg = self.config
+        html, encoding = decode_html(response.body, response.charset)
+        links, plain = parse_page(html, response.url, want_text=self.pool is None)
+        if self.pool is not None:
+            try:
+                async with self._extract_slots:
+                    text, language = await self.pool.process(html, response.url)
+            except ExtractionTimeout as exc:
+                self._error(str(exc))
+                self._finish(request, "rejected: extraction timed out")
+                return
+        else:
+            text, language = plain, detect_language(plain)
+        final = response.url
+        row = {"id": url_id(final), "text": text, "url": request.via or request.url, "final_url": final,
+               "status": response.status, "fetch_time": now_ms(), "domain": host_of(final),
+               "language": language, "content_hash": content_hash(text), "depth": request.depth,
+               "encoding": encoding}
+        blob = None
+        if cfg.warc:
+            blob = warc_payload(response.request_headers, response.status, "OK", list(response.headers.items()),
+                                response.body, {"language": language, "encoding": encoding,
+                                                "links": len(links), "depth": request.depth})
+        with self.frontier.transaction():
+            if text:
+                self.frontier.store_result(request, row, blob)
+                self.frontier.finish(request, "ok")
+                self._pending_results += 1
+                self._documents += 1
+            else:
+                self.frontier.finish(request, "empty: no main text")
+            for link in links:
+                self._admit(link, request.depth + 1)
+        self._fetched += 1
+        if self._pending_results >= cfg.commit_every:
+            self._commit()
+
+    # -- commit, progress, health --------------------------------------------------------------
+    def _commit(self) -> None:
+        self.committer.flush(self._stats())
+        self._pending_results = 0
+
+    async def _committer_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.commit_interval)
+            if self._pending_results:
+                self._commit()
+
+    async def _progress_loop(self, started: float) -> None:
+        last_time, last_fetched = time.monotonic(), 0
+        while True:
+            await asyncio.sleep(self.config.progress_interval)
+            now = time.monotonic()
+            report = self._progress(now - started, (self._fetched - last_fetched) / max(now - last_time, 1e-9))
+            last_time, last_fetched = now, self._fetched
+            log.info("%.0fs: %.1f pages/s, %d pages, %.1f MB, queue %d, statuses %s, slowest hosts %s",
+                     report["elapsed_s"], report["pages_per_s"], report["fetched"], report["bytes"] / 1e6,
+                     report["queued"], report["status_counts"], report["slowest_hosts"])
+            if self.on_progress is not None:
+                self.on_progress(report)
+
+    def _progress(self, elapsed: float, rate: float) -> dict[str, Any]:
+        slowest = sorted(self._hosts.values(), key=lambda h: (h.delay, h.failures), reverse=True)[:5]
+        return {"elapsed_s": elapsed, "pages_per_s": rate, "fetched": self._fetched, "bytes": self._bytes,
+                "requests": self._requests, "queued": self.frontier.queued_count(),
+                "status_counts": dict(self._status), "in_flight": self._inflight,
+                "slowest_hosts": {h.origin: {"delay_s": round(self._delay(h), 3), "failures": h.failures}
+                                  for h in slowest}}
+
+    async def _health_loop(self) -> None:
+        """Probe benched proxies with the health URL and return the ones that answer."""
+        url = self.config.proxy_health_url
+        assert url is not None
+        while True:
+            await asyncio.sleep(self.config.proxy_health_interval)
+            for proxy in self.proxies.benched():
+                try:
+                    response = await self.fetcher.fetch(url, (), proxy, truncate=True)
+                except FetchError:
+                    continue
+                if response.status < 500:
+                    self.proxies.restore(proxy)
+
+    def _error(self, message: str) -> None:
+        log.warning("%s", message)
+        if len(self._errors) < 200:
+            self._errors.append(message)
+
+    def _stats(self) -> dict[str, Any]:
+        outcomes = Counter[str]()
+        for outcome, count in self.frontier.outcome_counts().items():
+            outcomes[outcome_kind(outcome)] += count
+        return {"crawl": {"documents": self._documents, "outcomes": dict(outcomes),
+                          "parked_hosts": self.frontier.parked_hosts()}}
+
+    def _summary(self, elapsed: float) -> CrawlSummary:
+        outcomes = Counter[str]()
+        for outcome, count in self.frontier.outcome_counts().items():
+            outcomes[outcome_kind(outcome)] += count
+        return CrawlSummary(
+            output=self.output, documents=self._documents, fetched_this_run=self._fetched,
+            requests=self._requests, bytes=self._bytes, elapsed_s=elapsed,
+            pages_per_s=self._fetched / elapsed if elapsed > 0 else 0.0, status_counts=dict(self._status),
+            outcomes=dict(outcomes), queued=self.frontier.queued_count(),
+            parked_hosts=self.frontier.parked_hosts(),
+            hosts={h.origin: {"requests": h.requests, "failures": h.failures, "delay_s": round(self._delay(h), 3),
+                              "parked": h.parked} for h in self._hosts.values()},
+            proxies=self.proxies.health(), errors=list(self._errors))
+
+
+def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
+          on_progress: Callable[[dict[str, Any]], None] | None = None, **options: Any) -> CrawlSummary:
+    """Crawl ``seeds`` (page or sitemap URLs) into the corpus folder ``output``; re-running resumes.
+
+    Options are :class:`CrawlConfig` fields, e.g. ``crawl(seeds, "out", allow_networks=["127.0.0.0/8"])``.
+    SIGINT and SIGTERM stop the crawl gracefully (in-flight pages finish, results are committed).
+    """
+    cfg = config or CrawlConfig(**options)
+    crawler = Crawler(seeds, output, cfg, on_progress)
+
+    async def main() -> CrawlSummary:
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, crawler.stop)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue
+        try:
+            return await crawler.run()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    return asyncio.run(main())

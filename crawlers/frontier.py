@@ -1,0 +1,217 @@
+"""The crash-safe frontier: URL-seen set, queue, outcomes and uncommitted results in one SQLite file.
+
+Why SQLite: every transition (queued -> done with its result row and the links it found, a retry,
+a parked host) is one transaction, so a SIGKILL at any moment leaves a consistent state; the seen set
+lives on disk, so memory stays flat however many URLs are known. WAL mode with ``synchronous=NORMAL``
+survives the death of the process (only an OS crash could lose the last transactions); pass
+``synchronous="FULL"`` to survive power loss too.
+
+A fetched page's URL becomes ``done`` in the same transaction that stores its result row, so it is
+never fetched again; the row stays here until a shard holding it is written and recorded, and the
+manifest is rewritten from the recorded shards at every commit and at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+QUEUED, DONE, PARKED = 0, 1, 2
+KIND_PAGE, KIND_SITEMAP = 0, 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS hosts (
+    id INTEGER PRIMARY KEY, origin TEXT UNIQUE NOT NULL, admitted INTEGER NOT NULL DEFAULT 0,
+    parked TEXT);
+CREATE TABLE IF NOT EXISTS urls (
+    id INTEGER PRIMARY KEY, url TEXT UNIQUE NOT NULL, host INTEGER NOT NULL, depth INTEGER NOT NULL,
+    kind INTEGER NOT NULL, state INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0,
+    via TEXT, hops INTEGER NOT NULL DEFAULT 0, outcome TEXT);
+CREATE INDEX IF NOT EXISTS urls_queued ON urls(host, id) WHERE state = 0;
+CREATE TABLE IF NOT EXISTS results (
+    url_rowid INTEGER PRIMARY KEY, id TEXT NOT NULL, text TEXT NOT NULL, url TEXT, final_url TEXT,
+    status INTEGER, fetch_time INTEGER, domain TEXT, language TEXT, content_hash TEXT,
+    depth INTEGER, encoding TEXT, warc BLOB);
+CREATE TABLE IF NOT EXISTS shards (name TEXT PRIMARY KEY, info TEXT NOT NULL, warc TEXT);
+"""
+
+RESULT_COLUMNS = ("id", "text", "url", "final_url", "status", "fetch_time", "domain", "language",
+                  "content_hash", "depth", "encoding")
+
+
+@dataclass(slots=True)
+class Request:
+    """One URL to fetch, as the scheduler holds it in memory."""
+
+    rowid: int
+    url: str
+    host: int
+    depth: int
+    kind: int
+    attempts: int = 0
+    via: str | None = None
+    hops: int = 0
+    not_before: float = 0.0
+
+
+class Frontier:
+    """SQLite-backed queue and seen set; all writes happen inside :meth:`transaction`."""
+
+    def __init__(self, path: str, synchronous: str = "NORMAL", cache_mib: int = 16) -> None:
+        self.path = path
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute(f"PRAGMA synchronous={synchronous}")
+        self.db.execute(f"PRAGMA cache_size=-{int(cache_mib) * 1024}")
+        self.db.execute("PRAGMA temp_store=MEMORY")
+        self.db.executescript(_SCHEMA)
+        self._hosts: dict[str, int] = {}
+        self._admitted: dict[int, int] = {}
+        self._origins: dict[int, str] = {}
+        for host_id, origin, admitted in self.db.execute("SELECT id, origin, admitted FROM hosts"):
+            self._hosts[origin] = host_id
+            self._origins[host_id] = origin
+            self._admitted[host_id] = admitted
+        self._in_transaction = False
+
+    # -- transactions --------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One durable transition; nested uses join the outer transaction."""
+        if self._in_transaction:
+            yield
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        self._in_transaction = True
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        else:
+            self.db.execute("COMMIT")
+        finally:
+            self._in_transaction = False
+
+    # -- hosts ---------------------------------------------------------------------------------
+    def host_id(self, origin: str) -> int:
+        host_id = self._hosts.get(origin)
+        if host_id is None:
+            host_id = self.db.execute("INSERT INTO hosts(origin) VALUES (?) RETURNING id", (origin,)).fetchone()[0]
+            self._hosts[origin] = host_id
+            self._origins[host_id] = origin
+            self._admitted[host_id] = 0
+        return host_id
+
+    def origin(self, host_id: int) -> str:
+        return self._origins[host_id]
+
+    def admitted(self, origin: str) -> int:
+        host_id = self._hosts.get(origin)
+        return 0 if host_id is None else self._admitted[host_id]
+
+    def queued_hosts(self) -> list[int]:
+        """Hosts with queued URLs that are not parked (used at start-up)."""
+        rows = self.db.execute(
+            "SELECT DISTINCT u.host FROM urls u JOIN hosts h ON h.id = u.host "
+            "WHERE u.state = 0 AND h.parked IS NULL")
+        return [row[0] for row in rows]
+
+    def park_host(self, host_id: int, reason: str) -> int:
+        """Park a host: its queued URLs stop being fetched (a re-run with unpark retries them)."""
+        with self.transaction():
+            self.db.execute("UPDATE hosts SET parked = ? WHERE id = ?", (reason, host_id))
+            return self.db.execute("UPDATE urls SET state = 2, outcome = ? WHERE host = ? AND state = 0",
+                                   (f"host parked: {reason}", host_id)).rowcount
+
+    def unpark_all(self) -> int:
+        with self.transaction():
+            self.db.execute("UPDATE hosts SET parked = NULL")
+            return self.db.execute("UPDATE urls SET state = 0, attempts = 0, outcome = NULL "
+                                   "WHERE state = 2").rowcount
+
+    def parked_hosts(self) -> dict[str, str]:
+        return {origin: reason for origin, reason in
+                self.db.execute("SELECT origin, parked FROM hosts WHERE parked IS NOT NULL")}
+
+    # -- urls ----------------------------------------------------------------------------------
+    def add(self, url: str, origin: str, depth: int, kind: int = KIND_PAGE, via: str | None = None,
+            hops: int = 0) -> Request | None:
+        """Admit ``url`` if never seen; returns the new request or None if it was already known."""
+        host_id = self.host_id(origin)
+        row = self.db.execute(
+            "INSERT INTO urls(url, host, depth, kind, via, hops) VALUES (?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(url) DO NOTHING RETURNING id", (url, host_id, depth, kind, via, hops)).fetchone()
+        if row is None:
+            return None
+        self._admitted[host_id] += 1
+        self.db.execute("UPDATE hosts SET admitted = admitted + 1 WHERE id = ?", (host_id,))
+        return Request(row[0], url, host_id, depth, kind, 0, via, hops)
+
+    def seen(self, url: str) -> bool:
+        return self.db.execute("SELECT 1 FROM urls WHERE url = ?", (url,)).fetchone() is not None
+
+    def load(self, host_id: int, after: int, limit: int) -> list[Request]:
+        """Queued URLs of one host with rowid above ``after``, oldest first."""
+        rows = self.db.execute(
+            "SELECT id, url, depth, kind, attempts, via, hops FROM urls "
+            "WHERE host = ? AND state = 0 AND id > ? ORDER BY id LIMIT ?", (host_id, after, limit))
+        return [Request(r[0], r[1], host_id, r[2], r[3], r[4], r[5], r[6]) for r in rows]
+
+    def finish(self, request: Request, outcome: str) -> None:
+        """The URL will not be fetched again; ``outcome`` says why (ok, http 404, robots, ...)."""
+        self.db.execute("UPDATE urls SET state = 1, outcome = ?, attempts = ? WHERE id = ?",
+                        (outcome, request.attempts, request.rowid))
+
+    def retry(self, request: Request) -> None:
+        self.db.execute("UPDATE urls SET attempts = ? WHERE id = ?", (request.attempts, request.rowid))
+
+    def queued_count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM urls WHERE state = 0").fetchone()[0]
+
+    def outcome_counts(self) -> dict[str, int]:
+        rows = self.db.execute("SELECT COALESCE(outcome, 'queued'), COUNT(*) FROM urls GROUP BY 1")
+        return dict(rows.fetchall())
+
+    # -- results and shards --------------------------------------------------------------------
+    def store_result(self, request: Request, row: dict[str, Any], warc: bytes | None = None) -> None:
+        self.db.execute(
+            f"INSERT OR REPLACE INTO results(url_rowid, {', '.join(RESULT_COLUMNS)}, warc) "
+            f"VALUES (?, {', '.join('?' * len(RESULT_COLUMNS))}, ?)",
+            (request.rowid, *(row[c] for c in RESULT_COLUMNS), warc))
+
+    def unsharded(self, limit: int) -> list[tuple[int, dict[str, Any], bytes | None]]:
+        rows = self.db.execute(
+            f"SELECT url_rowid, {', '.join(RESULT_COLUMNS)}, warc FROM results "
+            "ORDER BY url_rowid LIMIT ?", (limit,)).fetchall()
+        return [(r[0], dict(zip(RESULT_COLUMNS, r[1:-1], strict=True)), r[-1]) for r in rows]
+
+    def unsharded_count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+
+    def record_shards(self, infos: list[dict[str, Any]], rowids: Iterable[int], warc: str | None) -> None:
+        """Record written shards and drop the result rows they now hold. The manifest comes next; a
+        restart rewrites it from this table, so a crash in between loses nothing."""
+        with self.transaction():
+            self.db.executemany("DELETE FROM results WHERE url_rowid = ?", ((rowid,) for rowid in rowids))
+            self.db.executemany("INSERT INTO shards(name, info, warc) VALUES (?, ?, ?)",
+                                ((info["path"], json.dumps(info), warc) for info in infos))
+
+    def shards(self) -> list[tuple[str, dict[str, Any], str | None]]:
+        rows = self.db.execute("SELECT name, info, warc FROM shards ORDER BY rowid")
+        return [(name, json.loads(info), warc) for name, info, warc in rows]
+
+    def documents(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM urls WHERE outcome = 'ok'").fetchone()[0]
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,151 @@
+"""Raw crawl shards (corpus format) and optional WARC/1.1 files, committed from the frontier.
+
+Why this order: result rows wait in the frontier; a commit writes them to a new uniquely named
+shard (and WARC file), records the shard in the frontier while deleting the rows, then publishes a
+manifest listing every recorded shard. A crash at any point leaves either rows still pending (they
+go into the next shard) or a recorded shard the next manifest lists; a shard written but never
+recorded is an orphan nobody lists, and is removed at start-up.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+import uuid
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.format import ShardInfo, ShardWriter, open_fs, write_manifest
+
+from .frontier import Frontier
+
+# Columns of a raw crawl shard; docs/FORMAT.md, "Raw crawl shards", explains each.
+RAW_CRAWL_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("url", pa.string()),
+        pa.field("final_url", pa.string()),
+        pa.field("status", pa.int32()),
+        pa.field("fetch_time", pa.timestamp("ms", tz="UTC")),
+        pa.field("domain", pa.string()),
+        pa.field("language", pa.string()),
+        pa.field("content_hash", pa.string()),
+        pa.field("depth", pa.int32()),
+        pa.field("encoding", pa.string()),
+    ]
+)
+SHARD_PREFIX = "crawl"
+WARC_FOLDER = "warc"
+
+
+def warc_payload(request_headers: Mapping[str, str], status: int, reason: str,
+                 response_headers: list[tuple[str, str]], body: bytes, metadata: Mapping[str, Any]) -> bytes:
+    """Pack one exchange for later WARC writing (kept as a blob in the frontier until commit)."""
+    header = json.dumps({"request": dict(request_headers), "status": status, "reason": reason,
+                         "headers": response_headers, "metadata": dict(metadata)}).encode("utf-8")
+    return len(header).to_bytes(4, "big") + header + body
+
+
+def _write_warc(handle: Any, records: list[tuple[dict[str, Any], bytes]]) -> None:
+    from warcio.statusandheaders import StatusAndHeaders
+    from warcio.warcwriter import WARCWriter
+
+    writer = WARCWriter(handle, gzip=True, warc_version="WARC/1.1")
+    for row, blob in records:
+        size = int.from_bytes(blob[:4], "big")
+        packed = json.loads(blob[4:4 + size])
+        body = blob[4 + size:]
+        url = row["final_url"]
+        date = row["fetch_time"].strftime("%Y-%m-%dT%H:%M:%SZ")
+        path = url.split("/", 3)[3] if url.count("/") >= 3 else ""
+        request = writer.create_warc_record(
+            url, "request", payload=io.BytesIO(b""), warc_headers_dict={"WARC-Date": date},
+            http_headers=StatusAndHeaders(f"GET /{path} HTTP/1.1", list(packed["request"].items()),
+                                          is_http_request=True))
+        # The body is stored as delivered to the crawler (inflated), so encoding headers are dropped.
+        headers = [(k, v) for k, v in packed["headers"]
+                   if k.lower() not in ("content-encoding", "transfer-encoding", "content-length")]
+        headers.append(("Content-Length", str(len(body))))
+        response = writer.create_warc_record(
+            url, "response", payload=io.BytesIO(body), warc_headers_dict={"WARC-Date": date},
+            http_headers=StatusAndHeaders(f"{packed['status']} {packed['reason']}", headers, protocol="HTTP/1.1"))
+        metadata = writer.create_warc_record(
+            url, "metadata", payload=io.BytesIO(json.dumps(packed["metadata"]).encode("utf-8")),
+            warc_content_type="application/json",
+            warc_headers_dict={"WARC-Date": date,
+                               "WARC-Concurrent-To": response.rec_headers.get_header("WARC-Record-ID")})
+        request.rec_headers.add_header("WARC-Concurrent-To", response.rec_headers.get_header("WARC-Record-ID"))
+        for record in (request, response, metadata):
+            writer.write_record(record)
+
+
+class Committer:
+    """Moves pending results from the frontier into shards and publishes the manifest."""
+
+    def __init__(self, output: str, frontier: Frontier, *, shard_bytes: int, row_group_bytes: int,
+                 warc: bool, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.output = output
+        self.frontier = frontier
+        self.shard_bytes = shard_bytes
+        self.row_group_bytes = row_group_bytes
+        self.warc = warc
+        self.storage_options = dict(storage_options or {})
+        self.fs, self.root = open_fs(output, storage_options)
+        self.fs.makedirs(self.root, exist_ok=True)
+
+    def remove_orphans(self) -> list[str]:
+        """Delete shard and WARC files that no recorded shard names (left by a crash mid-commit)."""
+        recorded = set()
+        for name, _info, warc in self.frontier.shards():
+            recorded.add(name)
+            if warc:
+                recorded.add(warc)
+        removed = []
+        for path in self.fs.glob(posixpath.join(self.root, f"{SHARD_PREFIX}-*.parquet")) + self.fs.glob(
+                posixpath.join(self.root, WARC_FOLDER, f"{SHARD_PREFIX}-*.warc.gz")):
+            relative = posixpath.relpath(path, self.root)
+            if relative not in recorded:
+                self.fs.rm(path)
+                removed.append(relative)
+        return removed
+
+    def flush(self, stats: Mapping[str, Any], batch_rows: int = 5000) -> int:
+        """Write every pending result into new shards, then publish; returns rows written."""
+        written = 0
+        while True:
+            pending = self.frontier.unsharded(batch_rows)
+            if not pending:
+                break
+            run_id = uuid.uuid4().hex[:12]
+            writer = ShardWriter(self.output, RAW_CRAWL_SCHEMA, shard_bytes=self.shard_bytes,
+                                 row_group_bytes=self.row_group_bytes, name_prefix=SHARD_PREFIX, run_id=run_id,
+                                 storage_options=self.storage_options)
+            rows = [row for _rowid, row, _blob in pending]
+            for row in rows:
+                row["fetch_time"] = datetime.fromtimestamp(row["fetch_time"] / 1000, timezone.utc)
+            writer.write(rows)
+            infos = [info.to_dict() for info in writer.close()]
+            warc_name = None
+            if self.warc:
+                warc_name = posixpath.join(WARC_FOLDER, f"{SHARD_PREFIX}-{run_id}.warc.gz")
+                self.fs.makedirs(posixpath.join(self.root, WARC_FOLDER), exist_ok=True)
+                records = [(row, blob) for (_r, row, blob) in pending if blob is not None]
+                with self.fs.open(posixpath.join(self.root, warc_name), "wb") as handle:
+                    _write_warc(handle, records)
+            self.frontier.record_shards(infos, [rowid for rowid, _row, _blob in pending], warc_name)
+            written += len(pending)
+        self.publish(stats)
+        return written
+
+    def publish(self, stats: Mapping[str, Any]) -> None:
+        """Write the manifest listing every recorded shard (and WARC file)."""
+        recorded = self.frontier.shards()
+        shards = [ShardInfo.from_dict(info) for _name, info, _warc in recorded]
+        warcs = sorted({warc for _n, _i, warc in recorded if warc})
+        write_manifest(self.output, shards, RAW_CRAWL_SCHEMA, stats=dict(stats),
+                       extra={"kind": "raw-crawl", "warc_files": warcs}, storage_options=self.storage_options)

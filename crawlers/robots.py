@@ -1,0 +1,70 @@
+"""robots.txt as RFC 9309 says, cached per origin with expiry.
+
+2xx: parse (only the first ``max_bytes``, at least the 500 KiB the RFC asks parsers to accept);
+3xx: follow up to five hops; 4xx: no restrictions; 429, 5xx or unreachable: assume complete
+disallow and ask again after a short time (the crawler defers that host's URLs meanwhile).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urljoin
+
+from protego import Protego
+
+from .fetch import Fetcher, FetchError
+from .urls import BadURL, normalize_url
+
+MAX_ROBOTS_REDIRECTS = 5
+
+
+@dataclass
+class Robots:
+    """The rules of one origin. ``unavailable`` means the RFC's complete disallow after 5xx/errors."""
+
+    origin: str
+    expires: float
+    parser: Protego | None = None
+    unavailable: str | None = None
+    sitemaps: list[str] = field(default_factory=list)
+
+    def allowed(self, url: str, agent: str) -> bool:
+        if self.unavailable is not None:
+            return False
+        return self.parser is None or self.parser.can_fetch(url, agent)
+
+    def crawl_delay(self, agent: str) -> float | None:
+        if self.parser is None:
+            return None
+        delay = self.parser.crawl_delay(agent)
+        return float(delay) if delay is not None else None
+
+
+async def fetch_robots(fetcher: Fetcher, origin: str, agent: str, ttl: float, error_ttl: float,
+                       proxy: str | None = None) -> tuple[Robots, list[float]]:
+    """Fetch and parse ``origin``/robots.txt; also returns each request's latency (for politeness)."""
+    url = origin + "/robots.txt"
+    latencies: list[float] = []
+    for _ in range(MAX_ROBOTS_REDIRECTS + 1):
+        try:
+            response = await fetcher.fetch(url, accept=(), proxy=proxy, truncate=True)
+        except FetchError as exc:
+            return Robots(origin, time.monotonic() + error_ttl, unavailable=str(exc)), latencies
+        latencies.append(response.elapsed)
+        status = response.status
+        if 300 <= status < 400 and "Location" in response.headers:
+            try:
+                url = normalize_url(urljoin(url, response.headers["Location"]))
+            except BadURL:
+                break
+            continue
+        if 200 <= status < 300:
+            text = response.body.decode("utf-8", errors="replace")
+            parser = Protego.parse(text)
+            return Robots(origin, time.monotonic() + ttl, parser, sitemaps=list(parser.sitemaps)), latencies
+        if status == 429 or status >= 500:
+            return Robots(origin, time.monotonic() + error_ttl,
+                          unavailable=f"{url}: robots.txt answered {status}"), latencies
+        return Robots(origin, time.monotonic() + ttl), latencies  # 4xx: unavailable, so no restrictions
+    return Robots(origin, time.monotonic() + ttl), latencies  # RFC 9309: too many redirects counts as 4xx

@@ -1,0 +1,140 @@
+"""URL normalisation, stable ids and link discovery.
+
+Why: the seen set, the per-host limits and the document id all key on one canonical spelling of a
+URL, so ``HTTP://Example.com:80/a/../b?utm_source=x&b=2&a=1#top`` and ``http://example.com/b?a=1&b=2``
+must be the same URL.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit, urlunsplit
+
+import xxhash
+
+# Query parameters that only track the visitor and never change the page.
+TRACKING_PARAMS = frozenset(
+    {
+        "fbclid", "gclid", "dclid", "gbraid", "wbraid", "msclkid", "yclid", "igshid", "twclid",
+        "mc_cid", "mc_eid", "_ga", "_gl", "_hsenc", "_hsmi", "mkt_tok", "ref_src", "oly_anon_id",
+        "oly_enc_id", "vero_id", "wickedid", "spm",
+    }
+)
+TRACKING_PREFIXES = ("utm_", "pk_", "hsa_")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_SAFE_PATH = "/%:@!$&'()*+,;=-._~"
+_SAFE_QUERY = "/?:@!$'()*+,;-._~"
+_PERCENT = re.compile(r"%[0-9a-fA-F]{2}")
+
+
+class BadURL(ValueError):
+    """A string that is not a crawlable http(s) URL; the message says why."""
+
+
+def _remove_dot_segments(path: str) -> str:
+    output: list[str] = []
+    for segment in path.split("/"):
+        if segment == "..":
+            if len(output) > 1:
+                output.pop()
+        elif segment != ".":
+            output.append(segment)
+    if path.endswith(("/.", "/..")):
+        output.append("")
+    joined = "/".join(output)
+    return joined if joined.startswith("/") else "/" + joined
+
+
+def _is_tracking(name: str) -> bool:
+    lowered = name.lower()
+    return lowered in TRACKING_PARAMS or lowered.startswith(TRACKING_PREFIXES)
+
+
+def normalize_url(url: str, base: str | None = None) -> str:
+    """The canonical form of ``url`` (resolved against ``base``); raises :class:`BadURL`.
+
+    Lower-cases scheme and host (IDNA-encodes it), drops default ports, userinfo and the fragment,
+    resolves ``.``/``..``, upper-cases percent escapes, drops tracking parameters and sorts the query.
+    """
+    text = url.strip()
+    if base is not None:
+        text = urljoin(base, text)
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise BadURL(f"{url!r}: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS:
+        raise BadURL(f"{url!r}: scheme {scheme or '(none)'!r} is not http or https")
+    host = (parts.hostname or "").rstrip(".")
+    if not host:
+        raise BadURL(f"{url!r}: no host")
+    try:
+        host = host.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        raise BadURL(f"{url!r}: host {host!r} is not a valid domain name") from None
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host if port in (None, _DEFAULT_PORTS[scheme]) else f"{host}:{port}"
+    path = _remove_dot_segments(quote(parts.path or "/", safe=_SAFE_PATH))
+    path = _PERCENT.sub(lambda m: m.group(0).upper(), path)
+    pairs = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if not _is_tracking(k)]
+    query = urlencode(sorted(pairs), quote_via=quote, safe=_SAFE_QUERY)
+    return urlunsplit((scheme, netloc, path, query, ""))
+
+
+def url_id(normalized: str) -> str:
+    """A stable 32-hex document id: xxh3-128 of the normalised URL."""
+    return xxhash.xxh3_128_hexdigest(normalized.encode("utf-8"))
+
+
+def origin_of(normalized: str) -> str:
+    """``scheme://host[:port]`` of a normalised URL: the unit of politeness and of robots.txt."""
+    parts = urlsplit(normalized)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def host_of(normalized: str) -> str:
+    """The bare host name of a normalised URL (no port): the ``domain`` column."""
+    return urlsplit(normalized).hostname or ""
+
+
+def parse_page(html: str, base_url: str, want_text: bool = False) -> tuple[list[str], str]:
+    """Links of a page and, if asked, its visible text (scripts and styles dropped), from one parse.
+
+    Links are absolute, normalised http(s) targets of ``<a href>``/``<area href>`` honouring
+    ``<base>``; a page whose ``<meta name="robots">`` says ``nofollow`` yields none, and
+    ``rel="nofollow"`` links are skipped.
+    """
+    import lxml.html
+
+    try:
+        tree = lxml.html.document_fromstring(html)
+    except (ValueError, lxml.etree.ParserError):
+        return [], ""
+    text = ""
+    if want_text:
+        for element in tree.xpath("//script|//style|//noscript|//template"):
+            element.drop_tree()
+        text = " ".join(" ".join(tree.itertext()).split())
+    for meta in tree.iterfind(".//meta[@name]"):
+        if meta.get("name", "").lower() == "robots" and "nofollow" in meta.get("content", "").lower():
+            return [], text
+    base = base_url
+    for element in tree.iterfind(".//base[@href]"):
+        base = urljoin(base_url, element.get("href", ""))
+        break
+    links: list[str] = []
+    seen: set[str] = set()
+    for element in tree.xpath("//a[@href]|//area[@href]"):
+        if "nofollow" in (element.get("rel") or "").lower():
+            continue
+        try:
+            link = normalize_url(element.get("href", ""), base)
+        except BadURL:
+            continue
+        if link not in seen:
+            seen.add(link)
+            links.append(link)
+    return links, text
