@@ -40,8 +40,9 @@ bench-env: pyproject.toml benchmarks/requirements.txt
 	test -x .venv-bench/bin/python || $(PYTHON) -m venv .venv-bench
 	.venv-bench/bin/python -m pip install -q -U pip setuptools wheel
 	.venv-bench/bin/python -m pip install -q "$(TORCH_SPEC)"
-	.venv-bench/bin/python -m pip install -q -e ".[test,tokenizers,s3]" -r benchmarks/requirements.txt
-	.venv-bench/bin/python -m pip install -q --no-deps "mosaicml-streaming==0.13.0"
+	.venv-bench/bin/python -m pip install -q -e ".[test,tokenizers,s3]"
+	.venv-bench/bin/python -m pip install -q -r benchmarks/requirements.txt
+	.venv-bench/bin/python -m pip install -q --no-deps "mosaicml-streaming==0.13.0" "transformers>=4.40"
 
 clean:
 	rm -rf $(VENV) .venv-bench demo-output build *.egg-info
