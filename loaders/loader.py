@@ -204,7 +204,7 @@ class StreamingLoader:
             return
         # Elastic: close the saved generation with what every one of its streams consumed.
         if self.seq_len is None:
-            _, _, split = plan_generation(
+            _, split = plan_generation(
                 sum(s.rows for s in self.corpus.shards), self._history, saved, seed=self.seed, epoch=self.epoch,
                 shuffle=self.shuffle, drop_last=self.drop_last, by_batches=True)
             per_rank = consumed_by_batches(split, saved.workers, saved.batch_size, int(state["batches"]))

@@ -94,19 +94,25 @@ class Prefetcher:
         try:
             first = self.spec.window_of(self.start_row) if len(self.spec.positions) else 0
             count = len(self.spec.bounds) - 1
+            pending = None  # the previous window, published once this one holds its shared blocks
             for relative, index in enumerate(range(first, count)):
                 positions = self.spec.window(index)
                 if index == first:
                     positions = positions[self.start_row - int(self.spec.bounds[index]):]
                 blocks, rows = self.order.locate(positions)
                 needed = [int(b) for b in np.unique(blocks)]
-                for block in needed:
-                    with self._cv:
-                        if self._stop:
-                            return
+                with self._cv:
+                    if self._stop:
+                        return
+                    fresh = []
+                    for block in needed:
                         if block in self._live:
                             self._live[block].refs += 1
-                            continue
+                        else:
+                            fresh.append(block)
+                if pending is not None and not self._publish(*pending):
+                    return
+                for block in fresh:
                     estimate = int(self.source.block_nbytes(block) * self.expansion)
                     with self._cv:
                         self._cv.wait_for(lambda rel=relative, n=estimate: self._stop or self._released >= rel
@@ -115,12 +121,9 @@ class Prefetcher:
                             return
                         self._used += estimate
                         self._live[block] = _Entry(self._pool.submit(self._task, block, estimate), 1, estimate)
-                with self._cv:
-                    self._cv.wait_for(lambda rel=relative: self._stop or rel - self._released < self.max_ahead)
-                    if self._stop:
-                        return
-                    self._ready.append((index, positions, blocks, rows, needed))
-                    self._cv.notify_all()
+                pending = (relative, (index, positions, blocks, rows, needed))
+            if pending is not None and not self._publish(*pending):
+                return
             with self._cv:
                 self._ready.append(_END)
                 self._cv.notify_all()
@@ -128,6 +131,16 @@ class Prefetcher:
             with self._cv:
                 self._ready.append(exc)
                 self._cv.notify_all()
+
+    def _publish(self, relative: int, item: tuple[Any, ...]) -> bool:
+        """Hand a window to the consumer, staying at most ``max_ahead`` windows ahead; False once stopped."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._stop or relative - self._released < self.max_ahead)
+            if self._stop:
+                return False
+            self._ready.append(item)
+            self._cv.notify_all()
+            return True
 
     def __iter__(self) -> Iterator[Window]:
         try:
