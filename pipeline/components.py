@@ -10,6 +10,9 @@ rerun resumes at the first unfinished round.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
@@ -120,3 +123,23 @@ def cc_labels(work: WorkDir, round_index: int, part: int, num_partitions: int, k
         work.write_table(f"labels/s={int(split):05d}/p={part:05d}.parquet", table.filter(pa.array(chosen)))
     work.write_json(marker, {"nodes": len(nodes)})
     return len(nodes)
+
+
+def connected_components(work: WorkDir, num_partitions: int, run_tasks: Callable[..., list[Any]],
+                         key_bits: int) -> dict[str, int]:
+    """Rounds until two consecutive ops leave the edge set unchanged, then labels per split.
+
+    ``cc/r000`` must hold the candidate edges (written with :func:`write_edges` for round 0);
+    ``run_tasks(function, argument_tuples)`` runs one task per tuple (Ray tasks in the job).
+    """
+    history: list[tuple[int, int]] = []
+    round_index = 0
+    while True:
+        records = run_tasks(cc_round, [(work, round_index, p, num_partitions) for p in range(num_partitions)])
+        history.append((sum(r["edges"] for r in records), sum(r["digest"] for r in records) % (1 << 64)))
+        if len(history) >= 3 and history[-1] == history[-2] == history[-3]:
+            break
+        round_index += 1
+    final = round_index if round_op(round_index) == "large" else round_index - 1
+    nodes = run_tasks(cc_labels, [(work, final, p, num_partitions, key_bits) for p in range(num_partitions)])
+    return {"rounds": round_index + 1, "edges": history[0][0], "nodes": sum(nodes)}

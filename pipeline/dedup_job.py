@@ -423,24 +423,6 @@ def _bucket_partition(job: _Job, part: int) -> dict[str, Any]:
     return _json_record(job.work, f"buckets/done/p={part:05d}.json", compute)
 
 
-# -- stage 5: connected components ---------------------------------------------------------------
-def _connected_components(job: _Job, run_tasks: Callable[..., list[Any]]) -> dict[str, Any]:
-    """Rounds until two consecutive ops leave the edge set unchanged; then labels per split."""
-    history: list[tuple[int, int]] = []
-    round_index = 0
-    while True:
-        records = run_tasks(components.cc_round, [(job.work, round_index, p, job.num_partitions)
-                                                  for p in range(job.num_partitions)])
-        history.append((sum(r["edges"] for r in records), sum(r["digest"] for r in records) % (1 << 64)))
-        if len(history) >= 3 and history[-1] == history[-2] == history[-3]:
-            break
-        round_index += 1
-    final = round_index if components.round_op(round_index) == "large" else round_index - 1
-    nodes = run_tasks(components.cc_labels, [(job.work, final, p, job.num_partitions, KEY_BITS)
-                                             for p in range(job.num_partitions)])
-    return {"rounds": round_index + 1, "edges": history[0][0], "nodes": sum(nodes)}
-
-
 # -- stage 6: clusters ---------------------------------------------------------------------------
 def _cluster_map(job: _Job, split_index: int) -> dict[str, Any]:
     def compute() -> dict[str, Any]:
@@ -736,7 +718,7 @@ def run_dedup(config: DedupConfig) -> dict[str, Any]:
     stage("exact", lambda: run_tasks(_exact_partition, [(job, p) for p in parts]))
     stage("sign", lambda: _map_splits(_sign_split, job, job.split_indices))
     stage("buckets", lambda: run_tasks(_bucket_partition, [(job, p) for p in parts]))
-    cc = stage("cc", lambda: _connected_components(job, run_tasks))
+    cc = stage("cc", lambda: components.connected_components(work, config.num_partitions, run_tasks, KEY_BITS))
     stage("clusters", lambda: _clusters(job, run_tasks))
     written = stage("write", lambda: _map_splits(_write_split, job, job.split_indices))
 

@@ -11,6 +11,8 @@ whatever the split size.
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
+import io
 import json
 import posixpath
 from collections.abc import Iterator, Mapping, Sequence
@@ -220,7 +222,13 @@ def _read_jsonl(item: InputFile, options: ReadOptions,
     import zstandard
 
     lineno = 0
-    with fsspec.open(item.url, "rb", compression=item.compression, **dict(storage_options or {})) as handle:
+    with fsspec.open(item.url, "rb", **dict(storage_options or {})) as raw_handle:
+        if item.compression == "gzip":
+            handle: Any = gzip.GzipFile(fileobj=raw_handle)
+        elif item.compression == "zstd":
+            handle = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw_handle))
+        else:
+            handle = raw_handle
         try:
             for lineno, raw in enumerate(handle, 1):  # noqa: B007 - lineno is used after the loop
                 yield _jsonl_record(item, lineno, raw, options)
@@ -320,70 +328,55 @@ def _parquet_record(item: InputFile, row: int, raw: bytes | None, values: Mappin
     return _check(doc, len(raw), options)
 
 
-def _extractor() -> Any:
-    """The crawler's HTML-to-text extraction when it is installed, else trafilatura directly."""
-    try:
-        from crawlers.extract import extract_text
-    except ImportError:
-        import trafilatura
-
-        def extract_text(html: str, url: str | None = None) -> str:
-            return trafilatura.extract(html, url=url, include_comments=False) or ""
-
-    return extract_text
-
-
 def _read_warc(item: InputFile, options: ReadOptions,
                storage_options: Mapping[str, Any] | None) -> Iterator[Doc | Reject]:
     from warcio.archiveiterator import ArchiveIterator
     from warcio.exceptions import ArchiveLoadFailed
 
-    extract = _extractor()
     with fsspec.open(item.url, "rb", **dict(storage_options or {})) as handle:
         iterator = ArchiveIterator(handle)
         offset = 0
         try:
             for record in iterator:
-                offset = iterator.get_record_offset()
                 if record.rec_type not in ("response", "resource", "conversion"):
                     continue
-                yield _warc_record(item, record, offset, extract, options)
-        except (ArchiveLoadFailed, EOFError, OSError, ValueError) as exc:
+                body = record.content_stream().read()  # before get_record_offset, which skips the rest
+                offset = iterator.get_record_offset()
+                yield _warc_record(item, record, body, offset, options)
+        except (ArchiveLoadFailed, EOFError, OSError, ValueError, AttributeError, KeyError) as exc:
+            # warcio raises AttributeError/KeyError, not only ArchiveLoadFailed, on some malformed headers
             yield Reject(item.url, f"record after offset {offset}", "corrupt",
                          f"corrupt WARC record ({type(exc).__name__}: {exc}); the rest of the file is lost", 0)
 
 
-def _warc_record(item: InputFile, record: Any, offset: int, extract: Any, options: ReadOptions) -> Doc | Reject:
+def _warc_record(item: InputFile, record: Any, body: bytes, offset: int, options: ReadOptions) -> Doc | Reject:
+    """One response/resource record: HTML through the crawler's extraction, plain text as is."""
+    from crawlers.extract import decode_html, detect_language, extract_text
+
     position = f"record at offset {offset}"
     url = record.rec_headers.get_header("WARC-Target-URI")
-    body = record.content_stream().read()
-    content_type = ""
-    if record.http_headers is not None:
-        content_type = record.http_headers.get_header("Content-Type") or ""
-    else:
-        content_type = record.rec_headers.get_header("Content-Type") or ""
+    headers = record.http_headers if record.http_headers is not None else record.rec_headers
+    content_type = headers.get_header("Content-Type") or ""
     mime = content_type.split(";")[0].strip().lower()
-    charset = "utf-8"
+    charset = None
     for part in content_type.split(";")[1:]:
         key, _, value = part.partition("=")
-        if key.strip().lower() == "charset" and value.strip():
-            charset = value.strip().strip('"').lower()
+        if key.strip().lower() == "charset":
+            charset = value.strip()
     if mime and not (mime.startswith("text/") or "html" in mime or "xml" in mime):
         return Reject(item.url, position, "unsupported", f"unsupported content type {mime!r}", len(body))
-    try:
-        decoded = body.decode(charset)
-    except (UnicodeDecodeError, LookupError):
-        return Reject(item.url, position, "invalid_utf8", f"invalid {charset} text", len(body))
-    text = extract(decoded, url) if "html" in mime or decoded.lstrip()[:15].lower().startswith(("<!doctype", "<html")) \
-        else decoded
-    date = record.rec_headers.get_header("WARC-Date")
+    decoded = decode_html(body, charset)[0]
+    is_html = "html" in mime or decoded.lstrip()[:15].lower().startswith(("<!doctype", "<html"))
+    text = extract_text(decoded, url) if is_html else decoded
+    language = record.rec_headers.get_header("WARC-Identified-Content-Language") or (
+        detect_language(text) if text.strip() else None)
     doc = Doc(
-        id=_optional_str(record.rec_headers.get_header("WARC-Record-ID")) if options.id_column == "id" else None,
+        id=_optional_str(record.rec_headers.get_header("WARC-Record-ID")),
         text=text,
         source=url or item.url,
         domain=domain_of(url),
-        language=_optional_str(record.rec_headers.get_header("WARC-Identified-Content-Language")),
-        fetch_time=_parse_time(date),
+        language=language,
+        fetch_time=_parse_time(record.rec_headers.get_header("WARC-Date")),
         position=position,
     )
     return _check(doc, len(body), options)

@@ -1,0 +1,101 @@
+"""Input parsing without Ray: every format, every kind of bad record named with file and position."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_pipeline_data import MAX_DOC_BYTES, mixed_input
+
+from pipeline.inputs import InputError, ReadOptions, Reject, plan_splits, read_file, resolve_inputs
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("mixed")
+    return root, mixed_input(root)
+
+
+def _read_all(root: Path) -> tuple[dict[str, int], list[Reject]]:
+    docs: dict[str, int] = {}
+    rejects: list[Reject] = []
+    for item in resolve_inputs([str(root)]):
+        for record in read_file(item, ReadOptions(max_doc_bytes=MAX_DOC_BYTES)):
+            if isinstance(record, Reject):
+                rejects.append(record)
+            else:
+                docs[Path(item.url).name] = docs.get(Path(item.url).name, 0) + 1
+    return docs, rejects
+
+
+def test_every_format_is_read_and_every_bad_record_is_named(mixed: tuple[Path, dict]) -> None:
+    root, info = mixed
+    docs, rejects = _read_all(root)
+    assert set(docs) == {"a.jsonl", "b.jsonl.gz", "c.jsonl.zst", "d.parquet", "e.warc.gz", "f.jsonl.gz",
+                         "h.warc.gz"}
+    assert sum(docs[n] for n in ("a.jsonl", "b.jsonl.gz", "c.jsonl.zst", "d.parquet")) == info["good_jsonl_like"]
+    by_kind: dict[str, int] = {}
+    for reject in rejects:
+        by_kind[reject.kind] = by_kind.get(reject.kind, 0) + reject.count
+    assert by_kind == info["bad"]
+    where = {(Path(r.source).name if "://" not in r.source else r.source, r.position, r.kind) for r in rejects}
+    assert ("a.jsonl", "line 22", "unparseable") in where
+    assert ("a.jsonl", "line 23", "invalid_utf8") in where
+    assert ("a.jsonl", "line 24", "empty") in where
+    assert ("a.jsonl", "line 26", "over_size_cap") in where
+    assert ("g.parquet", "file", "corrupt") in where
+    truncated = [r for r in rejects if r.source.endswith("f.jsonl.gz")]
+    assert len(truncated) == 1 and truncated[0].position == f"line {docs['f.jsonl.gz'] + 1}"
+    assert "truncated" in truncated[0].reason
+    corrupt_warc = [r for r in rejects if r.source.endswith("h.warc.gz")]
+    assert len(corrupt_warc) == 1 and "corrupt WARC record" in corrupt_warc[0].reason
+
+
+def test_corrupt_parquet_row_group_rejects_its_rows_and_keeps_the_others(tmp_path: Path) -> None:
+    path = tmp_path / "rg.parquet"
+    pq.write_table(pa.table({"text": [f"document number {i} " * 20 for i in range(30)]}), path, row_group_size=10,
+                   compression="none")
+    metadata = pq.ParquetFile(path).metadata
+    column = metadata.row_group(1).column(0)
+    data = bytearray(path.read_bytes())
+    start = column.dictionary_page_offset if column.has_dictionary_page else column.data_page_offset
+    data[start:start + column.total_compressed_size] = b"\xff" * column.total_compressed_size
+    path.write_bytes(bytes(data))
+    [item] = resolve_inputs([str(path)])
+    records = list(read_file(item, ReadOptions()))
+    rejects = [r for r in records if isinstance(r, Reject)]
+    assert len(rejects) == 1 and rejects[0].count == 10 and rejects[0].position == "row group 1 (rows 10-19)"
+    assert len(records) - 1 == 20
+
+
+def test_warc_html_goes_through_the_crawlers_extraction(mixed: tuple[Path, dict]) -> None:
+    root, _ = mixed
+    [item] = resolve_inputs([str(root / "e.warc.gz")])
+    docs = [r for r in read_file(item, ReadOptions()) if not isinstance(r, Reject)]
+    assert docs and all("<p>" not in d.text and d.source.startswith("https://warc.example/") for d in docs)
+    assert all(d.domain == "warc.example" and d.id and d.id.startswith("<urn:uuid:") for d in docs)
+
+
+def test_inputs_that_name_nothing_are_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="matches no"):
+        resolve_inputs([str(tmp_path / "nothing-*.jsonl")])
+    (tmp_path / "notes.csv").write_text("a,b\n")
+    with pytest.raises(InputError, match="notes.csv"):
+        resolve_inputs([str(tmp_path / "notes.csv")])
+
+
+def test_splits_are_deterministic_and_keep_file_order(tmp_path: Path) -> None:
+    for i in range(6):
+        (tmp_path / f"f{i}.jsonl").write_text(json.dumps({"text": "x" * 100}) + "\n")
+    (tmp_path / "big.jsonl.gz").write_bytes(gzip.compress(b'{"text": "y"}\n' * 5000))
+    files = resolve_inputs([str(tmp_path / "*.jsonl"), str(tmp_path)])
+    assert [Path(f.url).name for f in files] == sorted(Path(f.url).name for f in files)
+    assert len(files) == 7  # the folder and the glob name the same files once
+    splits = plan_splits(files, split_bytes=250, first_index=3)
+    assert [s.index for s in splits] == list(range(3, 3 + len(splits)))
+    assert [f for s in splits for f in s.files] == files
+    assert splits == plan_splits(files, split_bytes=250, first_index=3)
