@@ -1,0 +1,94 @@
+"""``gristmill serve``: the dedup service over a corpus's signature index (see docs/SERVICE.md)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HELP = "Serve dedup checks over HTTP: POST /check and /add against a corpus's signature index plus everything added."
+TOKEN_ENV = "GRISTMILL_SERVICE_TOKEN"
+LOG_NAME = "inserts.log"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--index", metavar="CORPUS",
+                        help="corpus whose signature index to load (written by gristmill dedup); omit to start empty")
+    parser.add_argument("--state", default="gristmill-serve-state", metavar="DIR",
+                        help="local folder for the insert log replayed at start (default: %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default %(default)s); any non-loopback address needs a token")
+    parser.add_argument("--port", type=int, default=8765, help="port (default %(default)s; 0 picks a free one)")
+    parser.add_argument("--token-file", metavar="PATH",
+                        help=f"file holding the bearer token clients must send (or set {TOKEN_ENV})")
+    parser.add_argument("--max-batch", type=int, default=1024, help="most documents per request (default %(default)s)")
+    parser.add_argument("--max-body-mb", type=float, default=16.0,
+                        help="largest request body in MiB (default %(default)s)")
+    parser.add_argument("--export", metavar="OUT",
+                        help="instead of serving: write base + added documents as a corpus index at OUT "
+                             "(what gristmill dedup --against reads) and exit")
+    empty = parser.add_argument_group("parameters of an empty index (without --index)")
+    empty.add_argument("--threshold", type=float, default=0.8)
+    empty.add_argument("--num-perm", type=int, default=128)
+    empty.add_argument("--ngram", type=int, default=5)
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as handle:
+            token = handle.read().strip()
+        if not token:
+            raise ValueError(f"{args.token_file}: the token file is empty")
+        return token
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from dedup.lsh import optimal_bands
+    from dedup.minhash import DEFAULT_SEED
+    from pipeline.format import CorpusError
+    from pipeline.service import DedupService, LogError, check_bind, serve_forever
+    from pipeline.service_index import IndexParams, load_index, write_index
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        token = _token(args)
+        check_bind(args.host, token)
+        if args.index:
+            params, base = load_index(args.index)
+        else:
+            bands, rows = optimal_bands(args.threshold, args.num_perm)
+            params, base = IndexParams(args.num_perm, args.ngram, bands, rows, DEFAULT_SEED, args.threshold), None
+        service = DedupService(params, os.path.join(args.state, LOG_NAME), base)
+    except (OSError, ValueError, CorpusError, LogError) as exc:
+        print(f"gristmill serve: {exc}", file=sys.stderr)
+        return 2
+    print(f"gristmill serve: {len(service.index)} documents ({service.index.base_count} from the index, "
+          f"{service.counters.replayed} replayed from {service.log.path})", flush=True)
+    if args.export:
+        name = write_index(args.export, params, service.index.to_table(), stats=service.stats())
+        service.log.close()
+        print(f"gristmill serve: wrote {len(service.index)} documents to {args.export.rstrip('/')}/{name}")
+        return 0
+
+    def ready(url: str) -> None:
+        print(f"gristmill serve: listening on {url}", flush=True)
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        await serve_forever(service, args.host, args.port, token=token, max_batch=args.max_batch,
+                            max_body_bytes=int(args.max_body_mb * 1024 * 1024), ready=ready)
+
+    try:
+        asyncio.run(main())
+    except asyncio.CancelledError:
+        print("gristmill serve: stopped", flush=True)
+    return 0

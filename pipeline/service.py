@@ -1,0 +1,574 @@
+"""The dedup service: "have we seen this text before?" answered over HTTP while a crawl runs.
+
+One aiohttp process holds a corpus's signature index in memory (the persisted index of the batch
+job, plus everything added since) and answers ``POST /check``, ``POST /add``, ``GET /stats`` and
+``GET /healthz``. docs/SERVICE.md describes the API and the scale-out path.
+
+Why it is correct under concurrency: the event loop runs one coroutine at a time, and the lookup
+plus insert of a whole request (:meth:`DedupService.apply`) is one synchronous call with no
+``await`` inside, so it is atomic with respect to every other request; two near-identical
+documents arriving at the same moment are serialised and exactly one of them is "new".
+
+Why an acknowledged insert survives a crash: every insert is appended to a checksummed log
+(:class:`InsertLog`) inside that same synchronous call, and a response is sent only after the
+log has been fsynced past every record the response depends on (group commit: one fsync covers
+all requests waiting at that moment). At start the log is replayed on top of the base index; a
+torn tail left by a crash is cut off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import struct
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from dedup.lsh import band_hashes
+from dedup.normalize import fold_prepared, hashes_of_folded, prepare
+from pipeline.service_index import IndexParams, SignatureTable, params_to_dict
+
+log = logging.getLogger("gristmill.serve")
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_BATCH = 1024
+MAX_ID_CHARS = 1024
+MAX_NEAR_DUPLICATES = 10
+DOC_KEYS = frozenset({"id", "text"})
+
+
+class BadRequest(Exception):
+    """The request cannot be served as sent; the message is the reason given to the client."""
+
+    def __init__(self, reason: str, status: int = 400) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+# -- the in-memory index -----------------------------------------------------------------------
+class _Rows:
+    """A 2-D array that grows by doubling, so appending one row is amortised O(1)."""
+
+    def __init__(self, width: int, dtype: Any) -> None:
+        self._data = np.zeros((1024, width), dtype=dtype)
+        self.size = 0
+
+    def extend(self, rows: np.ndarray) -> None:
+        need = self.size + len(rows)
+        if need > len(self._data):
+            grown = np.zeros((max(need, 2 * len(self._data)), self._data.shape[1]), self._data.dtype)
+            grown[: self.size] = self._data[: self.size]
+            self._data = grown
+        self._data[self.size : need] = rows
+        self.size = need
+
+    @property
+    def view(self) -> np.ndarray:
+        return self._data[: self.size]
+
+
+class LiveIndex:
+    """Exact hashes plus LSH buckets over every document the service knows.
+
+    Documents loaded from a persisted index sit in per-band sorted arrays (searched with
+    ``np.searchsorted``, no per-row Python objects); documents inserted since start go to per-band
+    dicts. A candidate is a near duplicate when its estimated Jaccard similarity (share of equal
+    signature values) reaches the index's threshold, the same test the batch job applies.
+    """
+
+    def __init__(self, params: IndexParams) -> None:
+        self.params = params
+        self.ids: list[str] = []
+        self.content_hashes: list[str] = []
+        self.exact: dict[str, int] = {}
+        self.lengths: list[int] = []
+        self.bands = _Rows(params.bands, np.uint64)
+        self.signatures = _Rows(params.num_perm, np.uint64)
+        self.base_count = 0
+        self._base_keys: list[np.ndarray] = []
+        self._base_docs: list[np.ndarray] = []
+        self._added: list[dict[int, list[int]]] = [{} for _ in range(params.bands)]
+
+    def load_base(self, table: SignatureTable) -> None:
+        """Take a persisted index as the base; must run before any insert."""
+        if self.ids:
+            raise RuntimeError("the base index must be loaded before any insert")
+        n = len(table.ids)
+        self.ids = list(table.ids)
+        self.content_hashes = list(table.content_hashes)
+        self.exact = {}
+        for i, digest in enumerate(self.content_hashes):
+            self.exact.setdefault(digest, i)
+        self.lengths = table.lengths.tolist()
+        self.bands.extend(table.bands)
+        self.signatures.extend(table.signatures)
+        for band in range(self.params.bands):
+            order = np.argsort(table.bands[:, band], kind="stable")
+            self._base_docs.append(order.astype(np.int64))
+            self._base_keys.append(np.ascontiguousarray(table.bands[order, band]))
+        self.base_count = n
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def candidates(self, bands: np.ndarray) -> np.ndarray:
+        """Every document sharing at least one band hash with ``bands`` (one document's row)."""
+        found: list[np.ndarray] = []
+        for band, value in enumerate(bands.tolist()):
+            if self.base_count:
+                keys = self._base_keys[band]
+                lo = np.searchsorted(keys, value, "left")
+                hi = np.searchsorted(keys, value, "right")
+                if hi > lo:
+                    found.append(self._base_docs[band][lo:hi])
+            added = self._added[band].get(value)
+            if added:
+                found.append(np.asarray(added, dtype=np.int64))
+        if not found:
+            return np.zeros(0, np.int64)
+        return np.unique(np.concatenate(found))
+
+    def lookup(self, digest: str, bands: np.ndarray, signature: np.ndarray) -> tuple[int | None, list[tuple[int, float]]]:
+        """The exact twin (if any) and the near duplicates at or above the threshold, most similar first."""
+        exact = self.exact.get(digest)
+        docs = self.candidates(bands)
+        if exact is not None:
+            docs = docs[docs != exact]
+        if docs.size == 0:
+            return exact, []
+        sims = (self.signatures.view[docs] == signature).mean(axis=1)
+        close = sims >= self.params.threshold
+        docs, sims = docs[close], sims[close]
+        order = np.lexsort((docs, -sims))[:MAX_NEAR_DUPLICATES]
+        return exact, [(int(docs[i]), float(sims[i])) for i in order]
+
+    def insert(self, record: LogRecord, bands: np.ndarray) -> int:
+        """Add one document; returns its position."""
+        index = len(self.ids)
+        self.ids.append(record.doc_id)
+        self.content_hashes.append(record.content_hash)
+        self.lengths.append(record.length)
+        self.exact.setdefault(record.content_hash, index)
+        self.bands.extend(bands[None, :])
+        self.signatures.extend(record.signature[None, :])
+        for band, value in enumerate(bands.tolist()):
+            self._added[band].setdefault(value, []).append(index)
+        return index
+
+    def to_table(self) -> SignatureTable:
+        """Everything known, base and added, in the persisted index's shape."""
+        return SignatureTable(
+            ids=list(self.ids),
+            content_hashes=list(self.content_hashes),
+            lengths=np.asarray(self.lengths, dtype=np.int64),
+            signatures=self.signatures.view.copy(),
+            bands=self.bands.view.copy(),
+        )
+
+
+# -- the insert log ----------------------------------------------------------------------------
+LOG_MAGIC = b"GRISTMILL-DEDUP-LOG\x001\n"
+_RECORD_HEAD = struct.Struct("<IQ")  # payload length, xxh3-64 of the payload
+
+
+class LogError(Exception):
+    """The insert log cannot be used; the message names the file."""
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One acknowledged insert: enough to rebuild the document's index entry without its text."""
+
+    doc_id: str
+    content_hash: str
+    length: int
+    signature: np.ndarray
+
+    def encode(self) -> bytes:
+        raw_id = self.doc_id.encode("utf-8")
+        payload = struct.pack("<HQ", len(raw_id), self.length) + raw_id + bytes.fromhex(self.content_hash)
+        payload += self.signature.astype("<u8").tobytes()
+        return _RECORD_HEAD.pack(len(payload), xxhash.xxh3_64_intdigest(payload)) + payload
+
+    @classmethod
+    def decode(cls, payload: bytes, num_perm: int) -> LogRecord:
+        id_len, length = struct.unpack_from("<HQ", payload)
+        start = 10 + id_len
+        if len(payload) != start + 16 + 8 * num_perm:
+            raise ValueError(f"record of {len(payload)} bytes does not fit num_perm={num_perm}")
+        return cls(
+            doc_id=payload[10:start].decode("utf-8"),
+            content_hash=payload[start : start + 16].hex(),
+            length=length,
+            signature=np.frombuffer(payload, dtype="<u8", offset=start + 16).astype(np.uint64),
+        )
+
+
+class InsertLog:
+    """An append-only file of inserts with group-commit fsync.
+
+    The file starts with a magic line and the index parameters (so a log is never replayed into an
+    index built with other parameters), then records of ``length, xxh3-64, payload``.
+    """
+
+    def __init__(self, path: str, params: IndexParams) -> None:
+        self.path = path
+        self.params = params
+        self._file: Any = None
+        self.written = 0
+        self.durable = 0
+        self._syncing: asyncio.Future[None] | None = None
+
+    def _header(self) -> bytes:
+        meta = json.dumps(params_to_dict(self.params), sort_keys=True).encode("utf-8")
+        return LOG_MAGIC + struct.pack("<I", len(meta)) + meta
+
+    def replay(self) -> Iterator[LogRecord]:
+        """Yield every intact record, cut a torn tail off, and leave the log open for appending."""
+        header = self._header()
+        if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            with open(self.path, "wb") as handle:
+                handle.write(header)
+                handle.flush()
+                os.fsync(handle.fileno())
+            _fsync_dir(self.path)
+        with open(self.path, "rb") as handle:
+            data = handle.read()
+        if not data.startswith(LOG_MAGIC):
+            raise LogError(f"{self.path}: not a gristmill dedup log (bad magic)")
+        if not data.startswith(header):
+            try:
+                (meta_len,) = struct.unpack_from("<I", data, len(LOG_MAGIC))
+                theirs = json.loads(data[len(LOG_MAGIC) + 4 : len(LOG_MAGIC) + 4 + meta_len])
+            except (struct.error, ValueError):
+                theirs = "unreadable"
+            raise LogError(
+                f"{self.path}: written for index parameters {theirs}, but the index loaded has "
+                f"{params_to_dict(self.params)}; use another --state folder or the matching index"
+            )
+        offset = len(header)
+        while offset < len(data):
+            try:
+                length, digest = _RECORD_HEAD.unpack_from(data, offset)
+                payload = data[offset + _RECORD_HEAD.size : offset + _RECORD_HEAD.size + length]
+                if len(payload) != length or xxhash.xxh3_64_intdigest(payload) != digest:
+                    raise ValueError("checksum mismatch or short record")
+                record = LogRecord.decode(payload, self.params.num_perm)
+            except (struct.error, ValueError, UnicodeDecodeError) as exc:
+                log.warning("%s: cutting %d bytes after offset %d (%s); records before it are kept",
+                            self.path, len(data) - offset, offset, exc)
+                break
+            yield record
+            offset += _RECORD_HEAD.size + length
+        if offset < len(data):
+            with open(self.path, "r+b") as handle:
+                handle.truncate(offset)
+                os.fsync(handle.fileno())
+        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open for the service's life
+        self.written = self.durable = offset
+
+    def append(self, records: Sequence[LogRecord]) -> int:
+        """Write records (not yet durable); returns the log offset a caller must :meth:`sync` to."""
+        if records:
+            payload = b"".join(r.encode() for r in records)
+            self._file.write(payload)
+            self.written += len(payload)
+        return self.written
+
+    async def sync(self, upto: int) -> None:
+        """Return once everything up to ``upto`` is on disk; concurrent callers share one fsync."""
+        while self.durable < upto:
+            if self._syncing is None or self._syncing.done():
+                self._syncing = asyncio.get_running_loop().run_in_executor(None, os.fsync, self._file.fileno())
+                # registered before any waiter's callback, so ``durable`` moves before they wake up
+                self._syncing.add_done_callback(lambda done, target=self.written: self._synced(done, target))
+            await asyncio.shield(self._syncing)
+
+    def _synced(self, done: asyncio.Future[None], target: int) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self.durable = max(self.durable, target)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a newly created file's directory entry durable too."""
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- the service -------------------------------------------------------------------------------
+@dataclass
+class Counters:
+    """What ``GET /stats`` reports about traffic since start."""
+
+    requests: int = 0
+    checked: int = 0
+    new: int = 0
+    added: int = 0
+    exact_duplicates: int = 0
+    near_duplicates: int = 0
+    bad_requests: int = 0
+    replayed: int = 0
+    started: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class Doc:
+    """One validated document of a request."""
+
+    text: str
+    doc_id: str | None
+
+
+class DedupService:
+    """The index, its log and the counters; transport-agnostic so tests and benchmarks can drive it."""
+
+    def __init__(self, params: IndexParams, log_path: str, base: SignatureTable | None = None) -> None:
+        self.params = params
+        self.hasher = params.hasher()  # the batch job's hasher: same shingles, seed and normalisation
+        self.index = LiveIndex(params)
+        if base is not None:
+            self.index.load_base(base)
+        self.log = InsertLog(log_path, params)
+        self.counters = Counters()
+        for record in self.log.replay():
+            self.index.insert(record, band_hashes(record.signature[None, :], params.bands, params.rows)[0])
+            self.counters.replayed += 1
+
+    def fingerprints(self, docs: Sequence[Doc]) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """Exact hashes, signatures and band hashes of a batch (the CPU work, done outside :meth:`apply`)."""
+        try:
+            data, offsets = prepare([d.text for d in docs], self.hasher.normalize)
+        except ValueError as exc:  # a lone surrogate that JSON let through
+            raise BadRequest(str(exc)) from None
+        digests = hashes_of_folded(*fold_prepared(data, offsets, self.hasher.normalize))
+        signatures = self.hasher.signatures_prepared(data, offsets)[0]
+        return digests, signatures, band_hashes(signatures, self.params.bands, self.params.rows)
+
+    def apply(self, docs: Sequence[Doc], add: bool) -> tuple[list[dict[str, Any]], int]:
+        """Check (and with ``add`` insert) a batch atomically; returns results and the log offset to sync.
+
+        Synchronous on purpose: no other request can run between a document's lookup and its insert.
+        With ``add``, documents of one batch are checked in order, each against the ones before it.
+        """
+        digests, signatures, bands = self.fingerprints(docs)
+        results: list[dict[str, Any]] = []
+        records: list[LogRecord] = []
+        for i, doc in enumerate(docs):
+            exact, near = self.index.lookup(digests[i], bands[i], signatures[i])
+            is_new = exact is None and not near
+            doc_id = doc.doc_id if doc.doc_id is not None else digests[i]
+            if add and is_new:
+                record = LogRecord(doc_id, digests[i], len(doc.text), signatures[i])
+                self.index.insert(record, bands[i])
+                records.append(record)
+            results.append(
+                {
+                    "id": doc_id,
+                    "new": is_new,
+                    "added": add and is_new,
+                    "exact_duplicate_of": None if exact is None else self.index.ids[exact],
+                    "near_duplicates": [
+                        {"id": self.index.ids[j], "similarity": round(sim, 4)} for j, sim in near
+                    ],
+                    "content_hash": digests[i],
+                }
+            )
+            self.counters.exact_duplicates += exact is not None
+            self.counters.near_duplicates += exact is None and bool(near)
+            self.counters.new += is_new
+        self.counters.checked += len(docs)
+        self.counters.added += len(records)
+        return results, self.log.append(records)
+
+    async def handle(self, docs: Sequence[Doc], add: bool) -> list[dict[str, Any]]:
+        """:meth:`apply`, then wait until everything the answer relies on is durable."""
+        results, durable_at = self.apply(docs, add)
+        await self.log.sync(durable_at)
+        return results
+
+    def stats(self) -> dict[str, Any]:
+        c = self.counters
+        return {
+            "documents": len(self.index),
+            "base_documents": self.index.base_count,
+            "added_since_base": len(self.index) - self.index.base_count,
+            "replayed_at_start": c.replayed,
+            "requests": c.requests,
+            "checked": c.checked,
+            "new": c.new,
+            "added": c.added,
+            "exact_duplicates": c.exact_duplicates,
+            "near_duplicates": c.near_duplicates,
+            "bad_requests": c.bad_requests,
+            "log_bytes": self.log.written,
+            "uptime_s": round(time.time() - c.started, 3),
+            "params": params_to_dict(self.params),
+        }
+
+
+# -- request parsing ---------------------------------------------------------------------------
+def _parse_doc(value: Any, where: str) -> Doc:
+    if not isinstance(value, Mapping):
+        raise BadRequest(f"{where} must be an object with a \"text\" string, not {type(value).__name__}")
+    unknown = set(value) - DOC_KEYS
+    if unknown:
+        raise BadRequest(f"{where} has unknown keys {sorted(unknown)}; allowed: {sorted(DOC_KEYS)}")
+    text = value.get("text")
+    if not isinstance(text, str):
+        raise BadRequest(f"{where}.text must be a string, not {type(text).__name__}")
+    doc_id = value.get("id")
+    if doc_id is not None and (not isinstance(doc_id, str) or not doc_id or len(doc_id) > MAX_ID_CHARS):
+        raise BadRequest(f"{where}.id must be a non-empty string of at most {MAX_ID_CHARS} characters")
+    return Doc(text, doc_id)
+
+
+def parse_request(body: bytes, max_batch: int, allow_add_flag: bool) -> tuple[list[Doc], bool]:
+    """Validate a check/add body: ``{"text", "id"?}`` or ``{"documents": [...]}``, plus ``"add"``."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"body must be a JSON object, not {type(data).__name__}")
+    add = data.pop("add", False) if allow_add_flag else False
+    if not isinstance(add, bool):
+        raise BadRequest(f"\"add\" must be true or false, not {type(add).__name__}")
+    if "documents" in data:
+        if set(data) != {"documents"}:
+            raise BadRequest(f"with \"documents\" no other keys but \"add\" are allowed, got {sorted(data)}")
+        items = data["documents"]
+        if not isinstance(items, list):
+            raise BadRequest(f"\"documents\" must be a list, not {type(items).__name__}")
+        if not items:
+            raise BadRequest("\"documents\" is empty")
+        if len(items) > max_batch:
+            raise BadRequest(f"batch of {len(items)} documents exceeds the limit of {max_batch}", status=413)
+        return [_parse_doc(item, f"documents[{i}]") for i, item in enumerate(items)], add
+    return [_parse_doc(data, "body")], add
+
+
+# -- HTTP --------------------------------------------------------------------------------------
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """The safety rule: anything but loopback needs a bearer token."""
+    if not is_loopback(host) and not token:
+        raise ValueError(f"refusing to bind {host} without a bearer token: set GRISTMILL_SERVICE_TOKEN "
+                         "or pass --token-file")
+
+
+def make_app(
+    service: DedupService,
+    *,
+    token: str | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> Any:
+    """The aiohttp application; ``token`` (when set) is required on every route but ``/healthz``."""
+    from aiohttp import web
+
+    expected = f"Bearer {token}".encode() if token else None
+
+    def error(status: int, reason: str) -> web.Response:
+        return web.json_response({"error": reason}, status=status)
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        service.counters.requests += 1
+        if expected is not None and request.path != "/healthz":
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                service.counters.bad_requests += 1
+                response = error(401, "missing or wrong bearer token")
+                response.headers["WWW-Authenticate"] = "Bearer"
+                return response
+        try:
+            return await handler(request)
+        except BadRequest as exc:
+            service.counters.bad_requests += 1
+            return error(exc.status, str(exc))
+        except web.HTTPException as exc:  # 404, 405, 413 from aiohttp itself: answer in JSON too
+            service.counters.bad_requests += exc.status < 500
+            return error(exc.status, exc.reason)
+
+    async def check_or_add(request: web.Request, add_route: bool) -> web.Response:
+        body = await request.read()
+        docs, add = parse_request(body, max_batch, allow_add_flag=not add_route)
+        results = await service.handle(docs, add or add_route)
+        return web.json_response({"results": results})
+
+    async def check(request: web.Request) -> web.Response:
+        return await check_or_add(request, add_route=False)
+
+    async def add(request: web.Request) -> web.Response:
+        return await check_or_add(request, add_route=True)
+
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response(service.stats())
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "documents": len(service.index)})
+
+    app = web.Application(middlewares=[guard], client_max_size=max_body_bytes)
+    app.router.add_post("/check", check)
+    app.router.add_post("/add", add)
+    app.router.add_get("/stats", stats)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+async def serve_forever(
+    service: DedupService,
+    host: str,
+    port: int,
+    *,
+    token: str | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ready: Any = None,
+) -> None:
+    """Bind, report the bound address through ``ready(url)``, and serve until cancelled."""
+    from aiohttp import web
+
+    check_bind(host, token)
+    app = make_app(service, token=token, max_batch=max_batch, max_body_bytes=max_body_bytes)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()  # port 0 picks a free port; report the real one
+    if ready is not None:
+        ready(f"http://{host if ':' not in host else f'[{host}]'}:{bound[1]}")
+    try:
+        await asyncio.Event().wait()
+    finally:
+        with contextlib.suppress(Exception):
+            await runner.cleanup()
+        service.log.close()

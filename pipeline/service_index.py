@@ -1,0 +1,131 @@
+"""Read and write the batch job's signature index for the dedup service.
+
+The layout is the one ``gristmill dedup`` writes beside every corpus (pipeline/dedup_job.py, the single
+source of truth for the schema and parameters): Parquet files under ``_index/`` with one row per kept
+document (``id``, ``content_hash``, ``length``, ``signature``, ``bands``) and, in the corpus manifest,
+``extra.signature_index = {"files": [...], "params": {num_perm, ngram, bands, rows, seed, threshold}}``.
+A corpus written by :func:`write_index` has no shards, only that index, which is what ``--against``
+reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.dedup_job import INDEX_FOLDER, _index_schema
+from pipeline.dedup_job import _Params as IndexParams
+from pipeline.format import CORPUS_SCHEMA, Corpus, CorpusError, open_fs, write_manifest
+
+__all__ = ["IndexParams", "SignatureTable", "load_index", "params_from_dict", "params_to_dict", "write_index"]
+
+
+def params_to_dict(params: IndexParams) -> dict[str, Any]:
+    return dataclasses.asdict(params)
+
+
+def params_from_dict(values: Mapping[str, Any], where: str) -> IndexParams:
+    """Parameters from a manifest, with an error naming the manifest when one is missing or wrong."""
+    try:
+        return IndexParams(
+            num_perm=int(values["num_perm"]),
+            ngram=int(values["ngram"]),
+            bands=int(values["bands"]),
+            rows=int(values["rows"]),
+            seed=int(values["seed"]),
+            threshold=float(values["threshold"]),
+        )
+    except KeyError as exc:
+        raise CorpusError(f"{where}: signature index parameters lack {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise CorpusError(f"{where}: signature index parameters are malformed ({exc})") from None
+
+
+@dataclass
+class SignatureTable:
+    """Index rows as arrays: ids, exact hashes, text lengths (characters), signatures and band hashes."""
+
+    ids: list[str]
+    content_hashes: list[str]
+    lengths: np.ndarray
+    signatures: np.ndarray
+    bands: np.ndarray
+
+    def to_arrow(self, params: IndexParams) -> pa.Table:
+        def fixed(matrix: np.ndarray) -> pa.FixedSizeListArray:
+            return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1), pa.uint64()), matrix.shape[1])
+
+        return pa.table(
+            {
+                "id": pa.array(self.ids, pa.string()),
+                "content_hash": pa.array(self.content_hashes, pa.string()),
+                "length": pa.array(self.lengths, pa.int64()),
+                "signature": fixed(self.signatures),
+                "bands": fixed(self.bands),
+            },
+            schema=_index_schema(params.num_perm, params.bands),
+        )
+
+
+def _matrix(column: pa.ChunkedArray, width: int) -> np.ndarray:
+    array = column.combine_chunks()
+    if len(array) == 0:
+        return np.zeros((0, width), np.uint64)
+    return array.flatten().to_numpy(zero_copy_only=False).reshape(-1, width).astype(np.uint64, copy=False)
+
+
+def load_index(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[IndexParams, SignatureTable]:
+    """Every index file a corpus's manifest lists, as one table, plus its parameters."""
+    corpus = Corpus.open(url, storage_options)
+    index = corpus.manifest.extra.get("signature_index")
+    if not isinstance(index, Mapping) or not isinstance(index.get("files"), list):
+        raise CorpusError(f"{url}: the corpus has no signature index (not built by gristmill dedup)")
+    params = params_from_dict(index.get("params") or {}, f"{url}/manifest.json")
+    schema = _index_schema(params.num_perm, params.bands)
+    tables = []
+    for name in index["files"]:
+        path = posixpath.join(corpus.root, name)
+        try:
+            with corpus.fs.open(path, "rb") as handle:
+                tables.append(pq.read_table(handle, schema=schema))
+        except (OSError, pa.ArrowException) as exc:
+            raise CorpusError(f"{url}/{name}: cannot read signature index file ({exc})") from None
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    return params, SignatureTable(
+        ids=table["id"].to_pylist(),
+        content_hashes=table["content_hash"].to_pylist(),
+        lengths=table["length"].to_numpy(),
+        signatures=_matrix(table["signature"], params.num_perm),
+        bands=_matrix(table["bands"], params.bands),
+    )
+
+
+def write_index(
+    url: str,
+    params: IndexParams,
+    table: SignatureTable,
+    *,
+    stats: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> str:
+    """Publish ``table`` as a shard-less corpus whose signature index ``gristmill dedup --against`` reads.
+
+    The index file is written first under a unique name, the manifest last (the commit point), so a
+    crash leaves any earlier export intact. Returns the index file's relative name.
+    """
+    fs, root = open_fs(url, storage_options)
+    name = f"{INDEX_FOLDER}/index-service-{uuid.uuid4().hex[:12]}.parquet"
+    fs.makedirs(posixpath.join(root, INDEX_FOLDER), exist_ok=True)
+    with fs.open(posixpath.join(root, name), "wb") as handle:
+        pq.write_table(table.to_arrow(params), handle, compression="zstd")
+    extra = {"signature_index": {"files": [name], "params": params_to_dict(params)}}
+    write_manifest(url, [], CORPUS_SCHEMA, stats=dict(stats or {}), extra=extra, storage_options=storage_options)
+    return name
