@@ -1,0 +1,86 @@
+"""The PyTorch adapter with real DataLoader worker processes (CPU torch)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from loaders import StreamingLoader  # noqa: E402
+from loaders.torch_dataset import StreamingDataLoader, StreamingDataset  # noqa: E402
+from tests.test_loader import make_corpus  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[str]]:
+    path = str(tmp_path_factory.mktemp("torch-corpus"))
+    return path, make_corpus(path, 1000, seed=12)
+
+
+def loader_for(path: str, workers: int, **kwargs: object) -> StreamingDataLoader:
+    args = {"batch_size": 8, "columns": ["id"], "seed": 5, "rank": 1, "world_size": 2, "shuffle_window": 48}
+    args.update(kwargs)
+    return StreamingDataLoader(StreamingDataset(path, **args), num_workers=workers)
+
+
+def test_workers_read_the_ranks_rows_once(corpus: tuple[str, list[str]]) -> None:
+    path, _ = corpus
+    in_process = sorted(i for b in StreamingLoader(path, batch_size=8, columns=["id"], seed=5, rank=1, world_size=2,
+                                                   shuffle_window=48) for i in b["id"])
+    loader = loader_for(path, 2)
+    got = [i for b in loader for i in b["id"]]
+    assert sorted(got) == in_process and len(set(got)) == len(got)
+    assert loader.stream.epoch == 1  # the DataLoader advanced the epoch at its end
+
+
+@pytest.mark.parametrize("stop_after", [7, 20])
+def test_exact_resume_with_two_workers(corpus: tuple[str, list[str]], stop_after: int) -> None:
+    path, _ = corpus
+    full = [b["id"] for b in loader_for(path, 2)]
+    first = loader_for(path, 2)
+    head = []
+    for batch in first:
+        head.append(batch["id"])
+        if len(head) == stop_after:
+            break
+    resumed = loader_for(path, 2)
+    resumed.load_state_dict(first.state_dict())
+    assert head + [b["id"] for b in resumed] == full
+
+
+def test_elastic_resume_two_workers_to_none(corpus: tuple[str, list[str]]) -> None:
+    path, _ = corpus
+    everything = sorted(i for b in loader_for(path, 0) for i in b["id"])
+    first = loader_for(path, 2)
+    head = []
+    for batch in first:
+        head += batch["id"]
+        if len(head) >= 8 * 9:
+            break
+    resumed = loader_for(path, 0)
+    resumed.load_state_dict(first.state_dict())
+    rest = [i for b in resumed for i in b["id"]]
+    assert sorted(head + rest) == everything
+    assert max(collections.Counter(head + rest).values()) == 1
+
+
+def test_packed_batches_are_int32_tensors_with_pin_memory(corpus: tuple[str, list[str]]) -> None:
+    path, _ = corpus
+    dataset = StreamingDataset(path, batch_size=4, seq_len=64, seed=1, world_size=1, rank=0)
+    loader = StreamingDataLoader(dataset, num_workers=2, pin_memory=True)
+    batches = list(loader)
+    assert batches and all(b["tokens"].dtype == torch.int32 and b["tokens"].shape[1] == 64 for b in batches)
+    assert all(b["segment_ids"].shape == b["tokens"].shape for b in batches)
+    real = sum(int((b["segment_ids"] > 0).sum()) for b in batches)
+    assert real == sum(len(t.encode()) + 1 for t in corpus[1])  # every byte plus one eos per document
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs an accelerator")
+def test_packed_batches_arrive_pinned(corpus: tuple[str, list[str]]) -> None:
+    dataset = StreamingDataset(corpus[0], batch_size=4, seq_len=64, world_size=1, rank=0)
+    batch = next(iter(StreamingDataLoader(dataset, num_workers=2, pin_memory=True)))
+    assert batch["tokens"].is_pinned()
