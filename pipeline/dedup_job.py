@@ -663,7 +663,7 @@ def _map_splits(function: Callable[[_Job, int], dict[str, Any]], job: _Job, indi
         return {"split": list(batch["split"]), "result": results}
 
     dataset = ray.data.from_items([{"split": i} for i in indices], override_num_blocks=len(indices))
-    rows = dataset.map_batches(apply, batch_size=1, num_cpus=1, max_retries=5).take_all()
+    rows = dataset.map_batches(apply, batch_size=1, num_cpus=1).take_all()  # Ray Data retries tasks of dead nodes
     by_split = {int(r["split"]): json.loads(r["result"]) for r in rows}
     return [by_split[i] for i in indices]
 

@@ -174,7 +174,7 @@ def plan_splits(files: Sequence[InputFile], split_bytes: int, first_index: int =
 
 def generated_id(url: str, position: str) -> str:
     """A stable id for a document whose input has none: a hash of where it came from."""
-    return xxhash.xxh3_64_hexdigest(f"{url}#{position}")
+    return xxhash.xxh3_64_hexdigest(f"{url}#{position}".encode())
 
 
 def domain_of(url: str | None) -> str | None:

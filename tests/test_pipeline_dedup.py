@@ -1,0 +1,172 @@
+"""The Ray dedup job on a real local Ray (one ``ray.init`` for the module): accounting, agreement with
+the in-memory ``dedup.deduplicate``, incremental dedup, statistics, the command line and job file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from test_pipeline_data import MAX_DOC_BYTES, documents, mixed_input, near_copy, write_jsonl
+
+from dedup import deduplicate
+from pipeline.cli import main
+from pipeline.dedup_job import DedupConfig, DedupError, run_dedup
+from pipeline.format import Corpus
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("mixed")
+    return root, mixed_input(root)
+
+
+def _rows(url: str) -> list[dict]:
+    return Corpus.open(url).to_table().to_pylist()
+
+
+def _oracle_kept(rows: list[dict], priority: list[int] | None = None) -> set[str]:
+    result = deduplicate([r["text"] for r in rows], [r["id"] for r in rows], threshold=0.8, num_perm=128, ngram=5,
+                         verify=False, priority=priority)
+    table = result.table
+    return {i for i, s in zip(table["id"].to_pylist(), table["status"].to_pylist(), strict=True) if s == "kept"}
+
+
+def test_mixed_input_accounting_adds_up_and_agrees_with_the_in_memory_oracle(
+        ray_local: None, mixed: tuple[Path, dict], tmp_path: Path) -> None:
+    root, info = mixed
+    out, removed = str(tmp_path / "corpus"), str(tmp_path / "removed")
+    stats = run_dedup(DedupConfig(inputs=[str(root)], output=out, removed=removed, max_doc_bytes=MAX_DOC_BYTES,
+                                  split_bytes=40_000, num_partitions=4))
+    docs = stats["documents"]
+    assert docs["input"] == docs["kept"] + docs["exact_duplicate"] + docs["near_duplicate"] + docs["rejected"]
+    assert {k: v for k, v in stats["rejected"].items() if v} == info["bad"]
+    assert docs["exact_duplicate"] > 0 and docs["near_duplicate"] > 0
+    kept, gone = _rows(out), _rows(removed)
+    assert len(kept) == docs["kept"] and len(gone) == docs["exact_duplicate"] + docs["near_duplicate"]
+    assert Corpus.open(out).stats == stats
+    # every parsed document is in exactly one of the two corpora, and the kept set is the oracle's
+    assert len({r["id"] for r in kept + gone}) == len(kept) + len(gone)
+    assert {r["id"] for r in kept} == _oracle_kept(kept + gone)
+    # provenance: kept rows are their cluster's representative; removed rows name a kept or exact twin
+    kept_ids = {r["id"] for r in kept}
+    assert all(r["is_representative"] and r["cluster_id"] == r["id"] for r in kept)
+    for row in gone:
+        assert not row["is_representative"] and row["duplicate_of"] in kept_ids | {g["id"] for g in gone}
+        if row["removed_as"] == "near_duplicate":
+            assert row["duplicate_of"] in kept_ids and 0.5 <= row["similarity"] < 1.0 + 1e-9
+        else:
+            assert row["similarity"] == 1.0
+    # per-source and per-domain breakdowns add up to the totals
+    assert sum(v["input"] for v in stats["by_source"].values()) == docs["input"]
+    assert sum(v["kept"] for v in stats["by_domain"].values()) == docs["kept"]
+    assert sum(v["near_duplicate"] for v in stats["by_language"].values()) == docs["near_duplicate"]
+    assert sum(int(size) * count for size, count in stats["cluster_sizes"].items()) <= docs["input"]
+    assert stats["bytes"]["kept"] < stats["bytes"]["input_documents"]
+    assert set(stats["stage_seconds"]) == {"read", "exact", "sign", "buckets", "cc", "clusters", "write"}
+    # the rejects file names every bad record's file and position
+    rejects = pq.read_table(tmp_path / "corpus" / Corpus.open(out).manifest.extra["rejects"]).to_pylist()
+    assert sum(r["count"] for r in rejects) == docs["rejected"]
+    assert any(r["source"].endswith("a.jsonl") and r["position"] == "line 22" for r in rejects)
+    assert not (tmp_path / "corpus" / "_work").exists()  # removed after success unless --keep-work
+
+
+def test_partition_count_and_split_size_do_not_change_the_result(
+        ray_local: None, mixed: tuple[Path, dict], tmp_path: Path) -> None:
+    root, _ = mixed
+    manifests = []
+    for partitions in (1, 7):
+        out = str(tmp_path / f"p{partitions}")
+        run_dedup(DedupConfig(inputs=[str(root)], output=out, max_doc_bytes=MAX_DOC_BYTES, split_bytes=40_000,
+                              num_partitions=partitions))
+        manifests.append(Corpus.open(out).manifest)
+    assert [s.to_dict() for s in manifests[0].shards] == [s.to_dict() for s in manifests[1].shards]
+    out = str(tmp_path / "bigsplits")
+    run_dedup(DedupConfig(inputs=[str(root)], output=out, max_doc_bytes=MAX_DOC_BYTES, split_bytes=10**9,
+                          num_partitions=2))
+    one_split = Corpus.open(out).to_table().sort_by("id")
+    many_splits = Corpus.open(str(tmp_path / "p1")).to_table().sort_by("id")
+    assert one_split.equals(many_splits)
+
+
+def test_incremental_dedup_against_an_earlier_corpus_names_the_existing_match(
+        ray_local: None, tmp_path: Path) -> None:
+    rng = random.Random(3)
+    texts = documents(40)
+    old_texts, new_texts = texts[:60], texts[60:]
+    write_jsonl(tmp_path / "old.jsonl", old_texts, prefix="old")
+    exact_of_old = [old_texts[i].upper() for i in (0, 5, 9)]
+    near_of_old = [near_copy(old_texts[i], rng) for i in (1, 7, 11)]
+    write_jsonl(tmp_path / "new.jsonl", new_texts + exact_of_old + near_of_old, prefix="new")
+    first = str(tmp_path / "first")
+    run_dedup(DedupConfig(inputs=[str(tmp_path / "old.jsonl")], output=first))
+    second, removed = str(tmp_path / "second"), str(tmp_path / "removed")
+    stats = run_dedup(DedupConfig(inputs=[str(tmp_path / "new.jsonl")], output=second, against=first,
+                                  removed=removed))
+    old_rows = _rows(first)
+    old_ids = {r["id"] for r in old_rows}
+    kept, gone = _rows(second), _rows(removed)
+    assert all(r["id"].startswith("new") for r in kept + gone)
+    assert stats["documents"]["input"] == len(new_texts) + 6
+    new_ids = {f"new{len(new_texts) + i}" for i in range(6)}
+    assert new_ids <= {r["id"] for r in gone}
+    assert all(r["duplicate_of"] in old_ids for r in gone if r["id"] in new_ids)
+    # the same answer as deduplicating old and new together with the old documents preferred
+    together = old_rows + kept + gone
+    expected = _oracle_kept(together, priority=[1] * len(old_rows) + [0] * (len(kept) + len(gone)))
+    assert {r["id"] for r in kept} == expected - old_ids
+    with pytest.raises(DedupError, match="num_perm"):
+        run_dedup(DedupConfig(inputs=[str(tmp_path / "new.jsonl")], output=str(tmp_path / "third"), against=first,
+                              num_perm=64))
+
+
+def test_cli_dedup_with_job_file_then_stats(ray_local: None, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_jsonl(tmp_path / "in.jsonl", documents(12), prefix="x")
+    job = tmp_path / "job.toml"
+    job.write_text(f'[dedup]\ninputs = ["{tmp_path / "in.jsonl"}"]\nthreshold = 0.5\nnum-partitions = 3\n')
+    out = str(tmp_path / "out")
+    assert main(["dedup", "--job", str(job), "-o", out, "--threshold", "0.8"]) == 0
+    assert "kept" in capsys.readouterr().out
+    assert Corpus.open(out).stats["params"]["threshold"] == 0.8  # the command line wins over the job file
+    assert main(["stats", out, "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["documents"]["input"] == len(documents(12))
+    assert main(["stats", out]) == 0
+    assert "exact_duplicate" in capsys.readouterr().out
+
+
+def test_cli_reports_bad_options_clearly(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text('inputs = ["x.jsonl"]\noutput = "out"\nthreshhold = 0.7\n')
+    assert main(["dedup", "--job", str(job)]) == 2
+    assert "threshhold" in capsys.readouterr().err
+    assert main(["dedup", str(tmp_path / "none-*.jsonl"), "-o", str(tmp_path / "o")]) == 2
+    assert "matches no" in capsys.readouterr().err
+    assert main(["stats", str(tmp_path)]) == 2
+
+
+def test_cli_parser_accepts_every_documented_option() -> None:
+    from pipeline import dedup_cmd
+
+    parser = argparse.ArgumentParser()
+    dedup_cmd.add_arguments(parser)
+    args = parser.parse_args(["in.jsonl", "-o", "out", "--bands", "16", "--rows", "8", "--num-perm", "128",
+                              "--text-column", "body", "--id-column", "uid", "--removed", "rm", "--keep-work"])
+    config = dedup_cmd.config_from_args(args)
+    assert (config.bands, config.rows, config.text_column, config.id_column, config.removed, config.keep_work) == (
+        16, 8, "body", "uid", "rm", True)
