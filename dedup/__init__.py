@@ -6,7 +6,16 @@ policy.
 
 from .cluster import UnionFind, choose_representatives, connected_components
 from .core import STATUSES, DedupResult, deduplicate
-from .lsh import band_hashes, bucket_edges, estimated_jaccard, optimal_bands, s_curve
+from .lsh import (
+    UNVERIFIED_WEIGHTS,
+    VERIFIED_WEIGHTS,
+    band_hashes,
+    bucket_edges,
+    choose_bands,
+    estimated_jaccard,
+    optimal_bands,
+    s_curve,
+)
 from .minhash import DEFAULT_SEED, MERSENNE_61, SENTINEL, MinHasher
 from .normalize import NO_SPACE_RANGES, NormalizeOptions, content_hash, content_hashes, normalize
 
@@ -15,6 +24,8 @@ __all__ = [
     "MERSENNE_61",
     "NO_SPACE_RANGES",
     "SENTINEL",
+    "UNVERIFIED_WEIGHTS",
+    "VERIFIED_WEIGHTS",
     "STATUSES",
     "DedupResult",
     "MinHasher",
@@ -22,6 +33,7 @@ __all__ = [
     "UnionFind",
     "band_hashes",
     "bucket_edges",
+    "choose_bands",
     "choose_representatives",
     "connected_components",
     "content_hash",

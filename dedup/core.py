@@ -10,7 +10,14 @@ import numpy as np
 import pyarrow as pa
 
 from .cluster import choose_representatives, connected_components
-from .lsh import band_hashes, bucket_edges, estimated_jaccard, optimal_bands
+from .lsh import (
+    UNVERIFIED_WEIGHTS,
+    VERIFIED_WEIGHTS,
+    band_hashes,
+    bucket_edges,
+    estimated_jaccard,
+    optimal_bands,
+)
 from .minhash import DEFAULT_SEED, MinHasher
 from .normalize import (
     DEFAULT_NORMALIZE,
@@ -66,15 +73,16 @@ def deduplicate(
     shingle: str = "auto",
     char_ngram: int = 5,
     seed: int = DEFAULT_SEED,
-    false_positive_weight: float = 0.5,
-    false_negative_weight: float = 0.5,
+    false_positive_weight: float | None = None,
+    false_negative_weight: float | None = None,
 ) -> DedupResult:
     """Exact dedup by content hash, then MinHash LSH among the exact-unique documents.
 
-    Candidate pairs come from LSH buckets (bands x rows chosen by ``optimal_bands``); with ``verify``
-    only pairs whose estimated Jaccard reaches ``threshold`` are linked. Linked documents form
-    clusters (connected components) and each cluster keeps one representative, chosen by
-    ``choose_representatives`` (highest priority, then longest text, then smallest id).
+    Candidate pairs come from LSH buckets, bands x rows chosen by ``optimal_bands`` (without explicit
+    weights: ``VERIFIED_WEIGHTS``, leaning towards recall, when ``verify`` is on, else balanced);
+    with ``verify`` only pairs whose estimated Jaccard reaches ``threshold`` are linked. Linked
+    documents form clusters (connected components) and each cluster keeps one representative, chosen
+    by ``choose_representatives`` (highest priority, then longest text, then smallest id).
     """
     raw = as_strings(texts)
     n = len(raw)
@@ -91,7 +99,13 @@ def deduplicate(
     hasher = MinHasher(num_perm, ngram, shingle, char_ngram, seed, normalize)
     signatures, char_mode = hasher.signatures_prepared(*utf8_batch([strings[i] for i in unique]))
 
-    bands, rows = optimal_bands(threshold, num_perm, false_positive_weight, false_negative_weight)
+    default_fp, default_fn = VERIFIED_WEIGHTS if verify else UNVERIFIED_WEIGHTS
+    bands, rows = optimal_bands(
+        threshold,
+        num_perm,
+        default_fp if false_positive_weight is None else false_positive_weight,
+        default_fn if false_negative_weight is None else false_negative_weight,
+    )
     keys = np.arange(unique.size, dtype=np.int64)
     left, right = bucket_edges(keys, band_hashes(signatures, bands, rows))
     candidates = int(left.size)

@@ -15,6 +15,12 @@ from . import _kernels as K
 
 _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(128)
 
+# (false positive, false negative) weights. When candidates are verified by their estimated Jaccard a
+# false candidate only costs a comparison, while a missed pair is lost for good, so the banding leans
+# towards recall; benchmarks/dedup_quality.py measures the effect (docs/BENCHMARKS.md).
+VERIFIED_WEIGHTS = (0.1, 0.9)
+UNVERIFIED_WEIGHTS = (0.5, 0.5)
+
 
 def s_curve(bands: int, rows: int, jaccards: np.ndarray | list[float] | float) -> np.ndarray:
     """Probability that a pair with Jaccard similarity J becomes a candidate: 1 - (1 - J**r)**b."""
@@ -48,6 +54,11 @@ def optimal_bands(
     false_neg = (1.0 - threshold) - _integral(bands, rows, threshold, 1.0)
     error = false_positive_weight * false_pos + false_negative_weight * false_neg
     return pairs[int(np.argmin(error))]  # first minimum: the same order as datasketch
+
+
+def choose_bands(threshold: float, num_perm: int, verify: bool = True) -> tuple[int, int]:
+    """``optimal_bands`` with the weights that suit whether candidates are verified afterwards."""
+    return optimal_bands(threshold, num_perm, *(VERIFIED_WEIGHTS if verify else UNVERIFIED_WEIGHTS))
 
 
 def band_hashes(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:

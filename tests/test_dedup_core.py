@@ -76,7 +76,7 @@ def test_exact_near_and_unique_documents() -> None:
     assert table["content_hash"][0] == table["content_hash"][1] != table["content_hash"][2]
     assert 0.8 <= table["similarity"][0] == table["similarity"][1] < 1.0
     assert result.stats["cluster_sizes"] == {1: 2, 3: 1}
-    assert (result.stats["bands"], result.stats["rows"]) == dedup.optimal_bands(0.8, 128)
+    assert (result.stats["bands"], result.stats["rows"]) == dedup.choose_bands(0.8, 128, verify=True)
 
 
 def test_exact_duplicates_of_the_survivor() -> None:
@@ -100,8 +100,10 @@ def test_priority_column_overrides_length() -> None:
 def test_verification_removes_unconfirmed_candidates() -> None:
     base = words(8, 40)
     texts = [edit(base, k, seed=k) for k in range(0, 12)]
-    unverified = dedup.deduplicate(texts, threshold=0.8, verify=False)
-    verified = dedup.deduplicate(texts, threshold=0.8, verify=True)
+    same_bands = {"false_positive_weight": 0.5, "false_negative_weight": 0.5}
+    unverified = dedup.deduplicate(texts, threshold=0.8, verify=False, **same_bands)
+    verified = dedup.deduplicate(texts, threshold=0.8, verify=True, **same_bands)
+    assert verified.stats["bands"] == unverified.stats["bands"] == dedup.optimal_bands(0.8, 128)[0]
     check_invariants(unverified, len(texts))
     check_invariants(verified, len(texts))
     assert verified.stats["candidate_pairs"] == unverified.stats["candidate_pairs"]
@@ -111,6 +113,8 @@ def test_verification_removes_unconfirmed_candidates() -> None:
         == unverified.stats["candidate_pairs"]
     )
     assert verified.stats["kept"] >= unverified.stats["kept"]
+    default = dedup.deduplicate(texts, threshold=0.8, verify=False).stats
+    assert (default["bands"], default["rows"]) == dedup.choose_bands(0.8, 128, verify=False)
 
 
 def test_empty_and_whitespace_only_documents() -> None:

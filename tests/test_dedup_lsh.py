@@ -26,6 +26,15 @@ def test_weights_move_the_choice_in_the_expected_direction() -> None:
     assert at_threshold == sorted(at_threshold)
 
 
+def test_verified_candidates_get_recall_leaning_bands() -> None:
+    verified = dedup.choose_bands(0.8, 128, verify=True)
+    unverified = dedup.choose_bands(0.8, 128, verify=False)
+    assert verified == dedup.optimal_bands(0.8, 128, *dedup.VERIFIED_WEIGHTS)
+    assert unverified == dedup.optimal_bands(0.8, 128) == _optimal_param(0.8, 128, 0.5, 0.5)
+    assert dedup.s_curve(*verified, 0.8) > dedup.s_curve(*unverified, 0.8)
+    assert dedup.s_curve(*verified, 0.85) > 0.95
+
+
 def test_optimal_bands_rejects_impossible_arguments() -> None:
     with pytest.raises(ValueError, match="threshold"):
         dedup.optimal_bands(1.0, 128)
