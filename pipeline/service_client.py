@@ -150,7 +150,8 @@ class AsyncDedupClient:
         self.batch_size = batch_size
         self._session: Any = None
 
-    async def __aenter__(self) -> AsyncDedupClient:
+    async def open(self) -> AsyncDedupClient:
+        """Start the session (``async with`` does this); must run inside the event loop that uses it."""
         import aiohttp
 
         self._session = aiohttp.ClientSession(
@@ -158,8 +159,16 @@ class AsyncDedupClient:
         )
         return self
 
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> AsyncDedupClient:
+        return await self.open()
+
     async def __aexit__(self, *exc: object) -> None:
-        await self._session.close()
+        await self.close()
 
     async def _call(self, method: str, path: str, payload: Any = None) -> Any:
         import aiohttp
