@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -46,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user-agent", help="User-Agent header")
     parser.add_argument("--progress", type=float, default=10.0, help="seconds between progress lines")
     parser.add_argument("--quiet", action="store_true", help="only warnings and the summary")
+    parser.add_argument("--dedup-service", metavar="URL",
+                        help="gristmill serve URL: skip storing documents it already has (token from "
+                             "GRISTMILL_SERVICE_TOKEN)")
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
@@ -93,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
         options["extract_workers"] = args.extract_workers
     if args.user_agent:
         options["user_agent"] = args.user_agent
+    if args.dedup_service:
+        options["dedup_service"] = args.dedup_service
+        options["dedup_service_token"] = os.environ.get("GRISTMILL_SERVICE_TOKEN") or None
     try:
         config = CrawlConfig(**options)
     except ValueError as exc:

@@ -94,6 +94,8 @@ class CrawlConfig:
     progress_interval: float = 10.0
     retry_parked: bool = False
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    dedup_service: str | None = None  # URL of `gristmill serve`: skip storing documents it already has
+    dedup_service_token: str | None = None
 
     def __post_init__(self) -> None:
         if self.follow not in ("same-host", "any"):
@@ -122,6 +124,7 @@ class CrawlSummary:
     hosts: dict[str, dict[str, Any]]
     proxies: list[dict[str, Any]]
     errors: list[str]
+    dedup_service: dict[str, int] = field(default_factory=dict)  # checked / duplicates / errors
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,6 +205,8 @@ class Crawler:
         self._fetched = 0
         self._pending_results = 0
         self._documents = 0
+        self._dedup: Any = None
+        self._dedup_counts = Counter[str]()
 
     # -- public ------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -229,6 +234,10 @@ class Crawler:
         self.pool = ExtractionPool(cfg.extract_workers, cfg.extract_timeout) if cfg.extract else None
         self._extract_slots = asyncio.Semaphore(max(4, 4 * cfg.extract_workers))
         self._slots = asyncio.Semaphore(cfg.concurrency)
+        if cfg.dedup_service:
+            from pipeline.service_client import AsyncDedupClient  # only when asked for: stdlib + aiohttp
+
+            self._dedup = await AsyncDedupClient(cfg.dedup_service, cfg.dedup_service_token).open()
         self._documents = self.frontier.documents()
         self._pending_results = self.frontier.unsharded_count()
         background: list[asyncio.Task[None]] = []
@@ -248,6 +257,8 @@ class Crawler:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await self.fetcher.close()
+            if self._dedup is not None:
+                await self._dedup.close()
             if self.pool is not None:
                 self.pool.close()
             try:
@@ -638,8 +649,11 @@ class Crawler:
             blob = warc_payload(response.request_headers, response.status, "OK", list(response.headers.items()),
                                 response.body, {"language": language, "encoding": encoding,
                                                 "links": len(links), "depth": request.depth})
+        duplicate_of = await self._known_to_service(row) if text and self._dedup is not None else None
         with self.frontier.transaction():
-            if text:
+            if duplicate_of is not None:
+                self.frontier.finish(request, f"duplicate: of {duplicate_of} (dedup service)")
+            elif text:
                 self.frontier.store_result(request, row, blob)
                 self.frontier.finish(request, "ok")
                 self._pending_results += 1
@@ -651,6 +665,29 @@ class Crawler:
         self._fetched += 1
         if self._pending_results >= cfg.commit_every:
             self._commit()
+
+    async def _known_to_service(self, row: dict[str, Any]) -> str | None:
+        """Ask the dedup service (checking and adding in one step) whether it already holds this text.
+
+        Returns the id of the document it duplicates, or None to store it. The service is advisory:
+        when it cannot answer, the page is stored and the error counted. A match with this page's own
+        id (it was added before a crash kept it from being stored) does not count as a duplicate.
+        """
+        from pipeline.service_client import ServiceError
+
+        try:
+            [result] = await self._dedup.add([(row["id"], row["text"])])
+        except ServiceError as exc:
+            self._dedup_counts["errors"] += 1
+            self._error(f"{row['final_url']}: dedup service: {exc}")
+            return None
+        self._dedup_counts["checked"] += 1
+        others = [i for i in (result.exact_duplicate_of, *(n.id for n in result.near_duplicates))
+                  if i is not None and i != row["id"]]
+        if result.new or not others:
+            return None
+        self._dedup_counts["duplicates"] += 1
+        return others[0]
 
     # -- commit, progress, health --------------------------------------------------------------
     def _commit(self) -> None:
@@ -722,7 +759,7 @@ class Crawler:
             parked_hosts=self.frontier.parked_hosts(),
             hosts={h.origin: {"requests": h.requests, "failures": h.failures, "delay_s": round(self._delay(h), 3),
                               "parked": h.parked} for h in self._hosts.values()},
-            proxies=self.proxies.health(), errors=list(self._errors))
+            proxies=self.proxies.health(), errors=list(self._errors), dedup_service=dict(self._dedup_counts))
 
 
 def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
