@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "serve": "pipeline.serve_cmd",
     "dedup": "pipeline.dedup_cmd",
     "stats": "pipeline.stats_cmd",
+    "clusters": "pipeline.clusters_cmd",
 }
 
 

@@ -1,0 +1,237 @@
+"""``gristmill clusters CORPUS``: the largest duplicate clusters, and one cluster side by side with diffs.
+
+Why: a threshold is right when the near duplicates it removes are copies a person would call copies.
+``--show ID`` prints every member of one cluster next to the representative that was kept, with
+the paragraphs and words that differ marked, the estimated similarity the job used and difflib's
+exact ratio, so a person can judge. Needs the job's removed documents (``gristmill dedup --removed``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import shutil
+import sys
+import unicodedata
+from collections.abc import Iterator
+from typing import Any
+
+from pipeline.format import Corpus, CorpusError
+
+HELP = "List the largest duplicate clusters; --show ID prints one cluster's members side by side with diffs."
+_WIDE = re.compile(r"[\u1100-\u115f\u2e80-\ua4cf\uac00-\ud7a3\uf900-\ufaff\ufe30-\ufe4f\uff00-\uff60\uffe0-\uffe6]")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("corpus", help="corpus folder or URL written by gristmill dedup")
+    parser.add_argument("--removed", metavar="CORPUS2", help="the job's removed documents (default: the folder "
+                        "its manifest names)")
+    parser.add_argument("--top", type=int, default=20, help="clusters to list (default 20)")
+    parser.add_argument("--show", metavar="ID", help="print this cluster: a cluster id, a member's document id, "
+                        "or a unique prefix of either")
+    parser.add_argument("--width", type=int, default=None, help="output width (default: the terminal's)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+# -- text layout -------------------------------------------------------------------------------
+def display_width(text: str) -> int:
+    """Terminal columns ``text`` takes: East Asian wide characters take two."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def _tokens(text: str) -> list[str]:
+    """Words with their trailing space; single characters for scripts written without spaces."""
+    return re.findall(r"\S+\s*|\s+", text) if not _WIDE.search(text) else list(text)
+
+
+def wrap(text: str, width: int) -> list[str]:
+    """Lines of at most ``width`` display columns, broken between words (or characters in CJK)."""
+    lines, current, used = [], "", 0
+    for token in _tokens(text):
+        size = display_width(token.rstrip())
+        if used and used + size > width:
+            lines.append(current.rstrip())
+            current, used = "", 0
+            token = token.lstrip()
+        while display_width(token.rstrip()) > width:  # a single token longer than a line
+            cut = 1
+            while display_width(token[:cut + 1]) <= width:
+                cut += 1
+            lines.append(token[:cut])
+            token = token[cut:]
+        current += token
+        used = display_width(current)
+    if current.strip() or not lines:
+        lines.append(current.rstrip())
+    return lines
+
+
+def _pad(text: str, width: int) -> str:
+    return text + " " * max(0, width - display_width(text))
+
+
+def word_diff(old: str, new: str) -> tuple[str, str]:
+    """The two paragraphs with what differs marked: ``[-removed-]`` on the left, ``{+added+}`` on the right."""
+    a, b = _tokens(old), _tokens(new)
+    left, right = [], []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        chunk_a, chunk_b = "".join(a[i1:i2]), "".join(b[j1:j2])
+        if op == "equal":
+            left.append(chunk_a)
+            right.append(chunk_b)
+            continue
+        if chunk_a:
+            left.append(f"[-{chunk_a.rstrip()}-]" + chunk_a[len(chunk_a.rstrip()):])
+        if chunk_b:
+            right.append(f"{{+{chunk_b.rstrip()}+}}" + chunk_b[len(chunk_b.rstrip()):])
+    return "".join(left), "".join(right)
+
+
+def side_by_side(old: str, new: str, width: int) -> Iterator[str]:
+    """Paragraph-aligned two-column diff of ``new`` against ``old``.
+
+    Each row starts with ``=`` (same paragraph; shown on one truncated line), ``~`` (changed; words
+    marked), ``-`` (only in the representative) or ``+`` (only in this member).
+    """
+    column = max(20, (width - 5) // 2)
+    a = [p for p in old.splitlines() if p.strip()]
+    b = [p for p in new.splitlines() if p.strip()]
+
+    def rows(marker: str, left: str, right: str, full: bool = True) -> Iterator[str]:
+        room = column if full else column - 2  # a truncated line ends in " …"
+        lw = wrap(left, room) if left else [""]
+        rw = wrap(right, room) if right else [""]
+        if not full:
+            lw = [lw[0] + (" …" if len(lw) > 1 else "")]
+            rw = [rw[0] + (" …" if len(rw) > 1 else "")]
+        for index in range(max(len(lw), len(rw))):
+            l_text = lw[index] if index < len(lw) else ""
+            r_text = rw[index] if index < len(rw) else ""
+            yield f"{marker if index == 0 else ' '} {_pad(l_text, column)} │ {r_text}".rstrip()
+
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if op == "equal":
+            for left, right in zip(a[i1:i2], b[j1:j2], strict=True):
+                yield from rows("=", left, right, full=False)
+        elif op == "replace":
+            pairs = list(zip(a[i1:i2], b[j1:j2], strict=False))
+            for left, right in pairs:
+                yield from rows("~", *word_diff(left, right))
+            for left in a[i1 + len(pairs):i2]:
+                yield from rows("-", left, "")
+            for right in b[j1 + len(pairs):j2]:
+                yield from rows("+", "", right)
+        elif op == "delete":
+            for left in a[i1:i2]:
+                yield from rows("-", left, "")
+        else:
+            for right in b[j1:j2]:
+                yield from rows("+", "", right)
+
+
+def text_ratio(old: str, new: str) -> float:
+    """difflib's similarity of the two texts' words (characters for CJK): the exact figure to compare
+    with the MinHash estimate."""
+    return difflib.SequenceMatcher(None, _tokens(old), _tokens(new), autojunk=False).ratio()
+
+
+# -- the command -------------------------------------------------------------------------------
+def _open(args: argparse.Namespace) -> tuple[Corpus, Corpus]:
+    from pipeline.duplicates import open_removed
+
+    corpus = Corpus.open(args.corpus)
+    return corpus, open_removed(corpus, args.removed)
+
+
+def _summary(cluster: Any) -> dict[str, Any]:
+    rep = cluster.representative
+    sims = [m.similarity for m in cluster.members if m.removed_as == "near_duplicate" and m.similarity is not None]
+    return {"cluster_id": cluster.id, "size": cluster.size, "exact_duplicates": cluster.exact,
+            "near_duplicates": cluster.near, "min_similarity": min(sims) if sims else None,
+            "representative": rep.source if rep else None,
+            "domains": sorted({m.domain for m in cluster.everyone() if m.domain})}
+
+
+def render_list(clusters: list[Any], top: int, total_docs: int) -> str:
+    lines = [f"{len(clusters):,} clusters with removed members, holding "
+             f"{sum(c.size for c in clusters):,} of {total_docs:,} documents; the largest {min(top, len(clusters))}:",
+             f"{'#':>3}  {'cluster id':<32}  {'size':>4}  {'exact':>5}  {'near':>4}  {'min sim':>7}  representative"]
+    for rank, cluster in enumerate(clusters[:top], start=1):
+        s = _summary(cluster)
+        sim = f"{s['min_similarity']:.3f}" if s["min_similarity"] is not None else "-"
+        lines.append(f"{rank:>3}  {cluster.id:<32}  {s['size']:>4}  {s['exact_duplicates']:>5}  "
+                     f"{s['near_duplicates']:>4}  {sim:>7}  {s['representative'] or '(in an earlier corpus)'}")
+    lines.append("Show one with: gristmill clusters CORPUS --show CLUSTER_ID")
+    return "\n".join(lines)
+
+
+def find(clusters: list[Any], wanted: str) -> Any:
+    """The cluster whose id, or one of whose members' ids, is ``wanted`` or starts with it."""
+    exact = [c for c in clusters if wanted in {m.id for m in c.everyone()} | {c.id}]
+    if exact:
+        return exact[0]
+    matches = [c for c in clusters if c.id.startswith(wanted) or any(m.id.startswith(wanted) for m in c.everyone())]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise LookupError(f"no cluster has a document whose id is or starts with {wanted!r}")
+    raise LookupError(f"{wanted!r} is a prefix of ids in {len(matches)} clusters; give more of it")
+
+
+def render_cluster(cluster: Any, width: int) -> str:
+    rep = cluster.representative
+    lines = [f"cluster {cluster.id}: {cluster.size} documents ({cluster.exact} exact, {cluster.near} near duplicates)"]
+    if rep is None or rep.text is None:
+        lines.append("the representative is not in this corpus (removed against an earlier corpus); "
+                     "members are shown against nothing")
+    else:
+        lines.append(f"KEPT  {rep.source}  [{rep.domain}, {rep.language}]  id {rep.id}")
+    base = rep.text if rep is not None and rep.text is not None else ""
+    for member in cluster.members:
+        lines.append("─" * width)
+        sim = "" if member.similarity is None else f"similarity {member.similarity:.3f} (MinHash estimate)"
+        header = f"{member.removed_as.replace('_', ' ').upper()}  {member.source}  [{member.domain}, {member.language}]"
+        lines.append(header)
+        via = f"; copy of {member.duplicate_of}" if rep is None or member.duplicate_of != rep.id else ""
+        text = member.text or ""
+        lines.append(f"    id {member.id}  {sim}  difflib ratio {text_ratio(base, text):.3f}{via}")
+        if text == base:
+            lines.append("    text identical to the representative")
+            continue
+        left_title = "representative (kept)" if base else "(no representative)"
+        column = max(20, (width - 5) // 2)
+        lines.append(f"  {_pad(left_title, column)} │ this document")
+        lines.extend(side_by_side(base, text, width))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.duplicates import find_clusters, load_texts
+
+    try:
+        corpus, removed = _open(args)
+        clusters = find_clusters(corpus, removed)
+    except CorpusError as exc:
+        print(f"gristmill clusters: {exc}", file=sys.stderr)
+        return 2
+    width = args.width or max(60, min(200, shutil.get_terminal_size((140, 40)).columns))
+    if args.show is None:
+        if args.json:
+            print(json.dumps([_summary(c) for c in clusters[:args.top]], indent=2, ensure_ascii=False))
+        else:
+            print(render_list(clusters, args.top, corpus.num_rows + removed.num_rows))
+        return 0
+    try:
+        cluster = find(clusters, args.show)
+    except LookupError as exc:
+        print(f"gristmill clusters: {exc}", file=sys.stderr)
+        return 1
+    load_texts(cluster, corpus, removed)
+    if args.json:
+        print(json.dumps({**_summary(cluster), "members": [vars(m) for m in cluster.everyone()]},
+                         indent=2, ensure_ascii=False))
+    else:
+        print(render_cluster(cluster, width))
+    return 0
