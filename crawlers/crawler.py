@@ -150,6 +150,7 @@ class _Host:
     failures: int = 0
     requests: int = 0
     parked: str | None = None
+    park_outcome: str | None = None
     version: int = 0
 
 
@@ -302,6 +303,9 @@ class Crawler:
         if request is None:
             return "seen"
         host = self._host(request.host)
+        if host.parked:
+            self.frontier.park_host(host.id, host.parked, host.park_outcome)
+            return None
         if host.exhausted and len(host.queue) < 256 and not host.parked:
             host.queue.append(request)
             host.cursor = request.rowid
@@ -315,6 +319,7 @@ class Crawler:
         if host is None:
             origin = self.frontier.origin(host_id)
             host = _Host(host_id, origin, urlsplit(origin).hostname or "", self.config.min_delay)
+            host.parked = self.frontier.parked(host_id)
             self._hosts[host_id] = host
         return host
 
@@ -452,11 +457,12 @@ class Crawler:
         ceiling = min(self.config.backoff_cap, self.config.backoff_base * 2 ** (attempt - 1))
         return ceiling / 2 + random.uniform(0, ceiling / 2)
 
-    def _park(self, host: _Host, reason: str) -> None:
+    def _park(self, host: _Host, reason: str, outcome: str | None = None) -> None:
         host.parked = reason
+        host.park_outcome = outcome
         host.queue.clear()
         host.retries.clear()
-        count = self.frontier.park_host(host.id, reason)
+        count = self.frontier.park_host(host.id, reason, outcome)
         self._error(f"{host.origin}: parked ({reason}); {count} queued URLs set aside")
 
     def _failed(self, host: _Host, request: Request, reason: str, retry_after: float | None = None) -> None:
@@ -493,6 +499,8 @@ class Crawler:
                 self._schedule(host)
                 self._wake.set()
 
+        # The gap counts from when the request really leaves, not from when it was dispatched.
+        host.next_at = max(host.next_at, time.monotonic() + self._delay(host))
         try:
             if request is _ROBOTS:
                 await self._robots(host)
@@ -519,6 +527,9 @@ class Crawler:
                                                cfg.robots_error_ttl, proxy)
         host.robots = robots
         self._on_response(host, max(latencies, default=0.0), robots.unavailable is None)
+        if robots.blocked is not None:
+            self._park(host, "address not allowed", f"blocked: {robots.blocked}")
+            return
         if robots.unavailable is not None:
             host.robots_failures += 1
             self._error(f"{host.origin}/robots.txt unavailable, host deferred: {robots.unavailable}")
@@ -556,7 +567,7 @@ class Crawler:
             if exc.retryable:
                 self.proxies.report(proxy, host.name, None)
                 self._status[exc.kind] += 1
-                self._on_response(host, self.config.read_timeout, ok=False)
+                self._on_response(host, 0.0, ok=False)
                 self._failed(host, request, str(exc))
             else:
                 self._status[exc.kind] += 1

@@ -66,9 +66,13 @@ def decode_html(body: bytes, header_charset: str | None = None) -> tuple[str, st
         pass
     from charset_normalizer import from_bytes
 
-    best = from_bytes(body[:200_000]).best()
-    name = _codec(best.encoding) if best is not None else None
-    name = name or "utf-8"
+    matches = list(from_bytes(body[:200_000]))
+    name = "utf-8"
+    if matches:
+        best = matches[0]
+        tied = [m.encoding for m in matches if (m.chaos, m.coherence) == (best.chaos, best.coherence)]
+        # Among equally plausible legacy encodings prefer windows-1252, the web's default (WHATWG).
+        name = _codec("cp1252" if "cp1252" in tied else best.encoding) or "utf-8"
     return body.decode(name, errors="replace"), name
 
 

@@ -73,10 +73,13 @@ class Frontier:
         self._hosts: dict[str, int] = {}
         self._admitted: dict[int, int] = {}
         self._origins: dict[int, str] = {}
-        for host_id, origin, admitted in self.db.execute("SELECT id, origin, admitted FROM hosts"):
+        self._parked: dict[int, str] = {}
+        for host_id, origin, admitted, parked in self.db.execute("SELECT id, origin, admitted, parked FROM hosts"):
             self._hosts[origin] = host_id
             self._origins[host_id] = origin
             self._admitted[host_id] = admitted
+            if parked is not None:
+                self._parked[host_id] = parked
         self._in_transaction = False
 
     # -- transactions --------------------------------------------------------------------------
@@ -122,14 +125,19 @@ class Frontier:
             "WHERE u.state = 0 AND h.parked IS NULL")
         return [row[0] for row in rows]
 
-    def park_host(self, host_id: int, reason: str) -> int:
-        """Park a host: its queued URLs stop being fetched (a re-run with unpark retries them)."""
+    def parked(self, host_id: int) -> str | None:
+        return self._parked.get(host_id)
+
+    def park_host(self, host_id: int, reason: str, outcome: str | None = None) -> int:
+        """Park a host: its queued URLs are set aside with ``outcome`` (a re-run with unpark retries them)."""
+        self._parked[host_id] = reason
         with self.transaction():
             self.db.execute("UPDATE hosts SET parked = ? WHERE id = ?", (reason, host_id))
             return self.db.execute("UPDATE urls SET state = 2, outcome = ? WHERE host = ? AND state = 0",
-                                   (f"host parked: {reason}", host_id)).rowcount
+                                   (outcome or f"host parked: {reason}", host_id)).rowcount
 
     def unpark_all(self) -> int:
+        self._parked.clear()
         with self.transaction():
             self.db.execute("UPDATE hosts SET parked = NULL")
             return self.db.execute("UPDATE urls SET state = 0, attempts = 0, outcome = NULL "

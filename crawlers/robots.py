@@ -13,7 +13,7 @@ from urllib.parse import urljoin
 
 from protego import Protego
 
-from .fetch import Fetcher, FetchError
+from .fetch import BlockedError, Fetcher, FetchError
 from .urls import BadURL, normalize_url
 
 MAX_ROBOTS_REDIRECTS = 5
@@ -27,6 +27,7 @@ class Robots:
     expires: float
     parser: Protego | None = None
     unavailable: str | None = None
+    blocked: str | None = None
     sitemaps: list[str] = field(default_factory=list)
 
     def allowed(self, url: str, agent: str) -> bool:
@@ -49,6 +50,8 @@ async def fetch_robots(fetcher: Fetcher, origin: str, agent: str, ttl: float, er
     for _ in range(MAX_ROBOTS_REDIRECTS + 1):
         try:
             response = await fetcher.fetch(url, accept=(), proxy=proxy, truncate=True)
+        except BlockedError as exc:
+            return Robots(origin, time.monotonic() + ttl, unavailable=str(exc), blocked=str(exc)), latencies
         except FetchError as exc:
             return Robots(origin, time.monotonic() + error_ttl, unavailable=str(exc)), latencies
         latencies.append(response.elapsed)

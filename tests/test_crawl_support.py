@@ -9,6 +9,7 @@ Servers run on their own event loop in a thread, so the crawler under test owns 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 import time
 from collections import Counter
@@ -18,6 +19,10 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 from aiohttp import web
+
+from crawlers import crawl
+from crawlers.crawler import CrawlSummary
+from pipeline.format import Corpus
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -188,6 +193,27 @@ class CountingProxy:
     async def close(self, _app: web.Application) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def crawl_sites(out: object, seeds: list[str], sites: list[Site], **options: object) -> CrawlSummary:
+    """Crawl loopback sites with test-sized limits (no delays, quick retries, loopback allowed)."""
+    settings: dict[str, object] = dict(
+        allow_networks=["127.0.0.0/8"], host_map={s.name: s.ip for s in sites if s.name}, min_delay=0.0,
+        extract=False, backoff_base=0.05, connect_timeout=2.0, read_timeout=2.0, total_timeout=5.0,
+        commit_interval=1.0, progress_interval=60.0, robots_error_ttl=0.2, max_retries=2)
+    settings.update(options)
+    return crawl(seeds, str(out), **settings)
+
+
+def outcomes(out: object) -> dict[str, str]:
+    """Every admitted URL and what happened to it, from the crawl's frontier."""
+    with sqlite3.connect(f"{out}/.crawl/frontier.sqlite") as db:
+        return {url: outcome or "queued" for url, outcome in db.execute("SELECT url, outcome FROM urls")}
+
+
+def documents(out: object) -> list[dict[str, object]]:
+    """The committed rows of a crawl's output corpus."""
+    return Corpus.open(str(out)).to_table().to_pylist()
 
 
 @pytest.fixture
