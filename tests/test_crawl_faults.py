@@ -7,13 +7,18 @@ import email.utils
 import gzip
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from aiohttp import web
-from test_crawl_support import ServerThread, Site, crawl_sites, documents, outcomes, servers  # noqa: F401
+from test_crawl_support import ServerThread, Site, crawl_sites, documents, outcomes, serve
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def servers() -> Iterator[ServerThread]:
+    yield from serve()
 
 
 def _failing_then(site: Site, path: str, failures: list[Callable[[], web.Response]], final: str) -> None:

@@ -13,7 +13,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -216,11 +216,18 @@ def documents(out: object) -> list[dict[str, object]]:
     return Corpus.open(str(out)).to_table().to_pylist()
 
 
-@pytest.fixture
-def servers() -> ServerThread:
+def serve() -> Iterator[ServerThread]:
+    """Body of each test module's ``servers`` fixture: a server thread, stopped afterwards."""
     thread = ServerThread()
-    yield thread  # type: ignore[misc]
-    thread.stop()
+    try:
+        yield thread
+    finally:
+        thread.stop()
+
+
+@pytest.fixture
+def servers() -> Iterator[ServerThread]:
+    yield from serve()
 
 
 def test_support_site_answers_and_logs(servers: ServerThread) -> None:
