@@ -522,9 +522,17 @@ class Crawler:
 
     async def _robots(self, host: _Host) -> None:
         cfg = self.config
-        proxy = self._proxy(host)
+        try:
+            proxy = self._proxy(host)
+        except NoProxyAvailable as exc:
+            host.robots = Robots(host.origin, time.monotonic() + cfg.proxy_cooldown / 10, unavailable=str(exc))
+            return
+
+        def observe(status: int | None, body: bytes) -> bool:
+            return self.proxies.report(proxy, host.name, status, body) if proxy else False
+
         robots, latencies = await fetch_robots(self.fetcher, host.origin, cfg.robots_agent, cfg.robots_ttl,
-                                               cfg.robots_error_ttl, proxy)
+                                               cfg.robots_error_ttl, proxy, observe)
         host.robots = robots
         self._on_response(host, max(latencies, default=0.0), robots.unavailable is None)
         if robots.blocked is not None:

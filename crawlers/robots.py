@@ -8,6 +8,7 @@ disallow and ask again after a short time (the crawler defers that host's URLs m
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urljoin
 
@@ -43,8 +44,14 @@ class Robots:
 
 
 async def fetch_robots(fetcher: Fetcher, origin: str, agent: str, ttl: float, error_ttl: float,
-                       proxy: str | None = None) -> tuple[Robots, list[float]]:
-    """Fetch and parse ``origin``/robots.txt; also returns each request's latency (for politeness)."""
+                       proxy: str | None = None,
+                       observe: Callable[[int | None, bytes], bool] | None = None) -> tuple[Robots, list[float]]:
+    """Fetch and parse ``origin``/robots.txt; also returns each request's latency (for politeness).
+
+    ``observe(status or None, body)`` sees every exchange (the proxy pool learns from it); when it
+    answers True the answer was a ban page, which says nothing about the rules: try again later.
+    """
+    observe = observe or (lambda status, body: False)
     url = origin + "/robots.txt"
     latencies: list[float] = []
     for _ in range(MAX_ROBOTS_REDIRECTS + 1):
@@ -53,8 +60,12 @@ async def fetch_robots(fetcher: Fetcher, origin: str, agent: str, ttl: float, er
         except BlockedError as exc:
             return Robots(origin, time.monotonic() + ttl, unavailable=str(exc), blocked=str(exc)), latencies
         except FetchError as exc:
+            observe(None, b"")
             return Robots(origin, time.monotonic() + error_ttl, unavailable=str(exc)), latencies
         latencies.append(response.elapsed)
+        if observe(response.status, response.body):
+            return Robots(origin, time.monotonic() + error_ttl,
+                          unavailable=f"{url}: answered {response.status} with a ban signal"), latencies
         status = response.status
         if 300 <= status < 400 and "Location" in response.headers:
             try:

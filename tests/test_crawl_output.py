@@ -1,0 +1,149 @@
+"""What a crawl leaves behind: raw corpus shards, manifest, WARC/1.1, resumable state, CLI, proxies."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import xxhash
+from test_crawl_support import CountingProxy, ServerThread, Site, crawl_sites, documents, outcomes, serve
+
+from crawlers.output import RAW_CRAWL_SCHEMA
+from crawlers.urls import url_id
+from pipeline.format import Corpus
+
+pytestmark = pytest.mark.timeout(90)
+ROOT = Path(__file__).resolve().parents[1]
+GERMAN = ("Die Stadtverwaltung hat am Montag beschlossen, die alte Brücke über den Fluss vollständig zu "
+          "erneuern. Die Arbeiten sollen im Frühjahr beginnen und etwa zwei Jahre dauern. ")
+
+
+@pytest.fixture
+def servers() -> Iterator[ServerThread]:
+    yield from serve()
+
+
+def _news_site(servers: ServerThread) -> Site:
+    site = servers.start(Site("127.0.0.2", "news.test"))
+    site.article("/", "Front page of the daily news", ["/en", "/de"])
+    site.article("/en", "The city council voted to rebuild the old bridge over the river", words=200)
+    site.page("/de", f"<html><head><title>Brücke</title></head><body><nav>Startseite | Impressum</nav>"
+                     f"<article><h1>Die Brücke</h1><p>{GERMAN * 4}</p></article></body></html>")
+    return site
+
+
+def test_raw_shards_manifest_and_warc_read_back(servers: ServerThread, tmp_path: Path) -> None:
+    site = _news_site(servers)
+    summary = crawl_sites(tmp_path, [site.url("/")], [site], extract=True, extract_workers=1, warc=True)
+    assert summary.documents == 3 and summary.outcomes == {"ok": 3}
+    corpus = Corpus.open(str(tmp_path))
+    assert corpus.schema.equals(RAW_CRAWL_SCHEMA) and corpus.manifest.extra["kind"] == "raw-crawl"
+    assert all(result.ok for result in corpus.verify())
+    table = corpus.to_table()
+    assert table.schema.field("fetch_time").type == pa.timestamp("ms", tz="UTC")
+    rows = {row["final_url"]: row for row in table.to_pylist()}
+    german = rows[site.url("/de")]
+    assert german["language"] == "de" and "alte Brücke" in german["text"] and "Impressum" not in german["text"]
+    assert rows[site.url("/en")]["language"] == "en"
+    for url, row in rows.items():
+        assert row["id"] == url_id(url) and row["url"] == url and row["status"] == 200
+        assert row["domain"] == "news.test"
+        assert row["content_hash"] == xxhash.xxh3_128_hexdigest(row["text"].encode("utf-8"))
+    assert corpus.stats["crawl"]["documents"] == 3
+
+    from fastwarc.warc import ArchiveIterator as FastIterator
+    from fastwarc.warc import WarcRecordType
+    from warcio.archiveiterator import ArchiveIterator
+
+    warc_files = corpus.manifest.extra["warc_files"]
+    assert len(warc_files) == 1
+    path = tmp_path / warc_files[0]
+    with open(path, "rb") as handle:
+        records = [(r.rec_type, r.rec_headers.get_header("WARC-Target-URI"), r.content_stream().read())
+                   for r in ArchiveIterator(handle, check_digests="raise")]
+    assert [kind for kind, _, _ in records] == ["request", "response", "metadata"] * 3
+    bodies = {uri: body for kind, uri, body in records if kind == "response"}
+    assert "alte Brücke".encode() in bodies[site.url("/de")]
+    with open(path, "rb") as handle:
+        blocks = [r.verify_block_digest() for r in FastIterator(handle, record_types=WarcRecordType.any_type,
+                                                                  parse_http=False)]
+    assert blocks == [True] * 9  # request, response and metadata records of three pages
+    with open(path, "rb") as handle:
+        fast = [(r.http_headers.status_code, r.verify_payload_digest())
+                for r in FastIterator(handle, record_types=WarcRecordType.response, parse_http=True)]
+    assert fast == [(200, True)] * 3
+    with open(path, "rb") as handle:
+        versions = {r.rec_headers.protocol for r in ArchiveIterator(handle)}
+    assert versions == {"WARC/1.1"}
+
+
+def test_rerun_resumes_without_fetching_committed_pages_twice(servers: ServerThread, tmp_path: Path) -> None:
+    site = servers.start(Site("127.0.0.2", "a.test"))
+    pages = [f"/p{i}" for i in range(12)]
+    site.article("/", "Home", pages)
+    for path in pages:
+        site.article(path, f"Page {path}", ["/"])
+    first = crawl_sites(tmp_path, [site.url("/")], [site], max_pages=4, commit_every=2)
+    assert 4 <= first.documents < 13
+    assert len(Corpus.open(str(tmp_path)).shards) >= 2  # committed in several steps
+    second = crawl_sites(tmp_path, [site.url("/")], [site])
+    assert second.documents == 13 and second.queued == 0
+    hits = site.paths()
+    assert all(hits[path] == 1 for path in ["/", *pages]), hits
+    rows = documents(tmp_path)
+    assert len(rows) == 13 and len({row["id"] for row in rows}) == 13
+    third = crawl_sites(tmp_path, [site.url("/")], [site])
+    assert third.fetched_this_run == 0 and len(documents(tmp_path)) == 13
+
+
+def test_cli_crawls_and_reports_bad_seeds(servers: ServerThread, tmp_path: Path) -> None:
+    site = servers.start(Site("127.0.0.2", "a.test"))
+    site.article("/", "Home", ["/a"])
+    site.article("/a", "Page a")
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text(f"# seeds\n{site.url('/')}\nmailto:nobody@example.com\n\n", encoding="utf-8")
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "crawl", str(seeds), "-o", str(out), "--delay", "0",
+         "--no-extract", "--allow-network", "127.0.0.0/8", "--resolve", f"a.test={site.ip}", "--quiet"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["documents"] == 2 and report["outcomes"] == {"ok": 2}
+    assert "seed 'mailto:nobody@example.com': scheme 'mailto' is not http or https" in result.stderr
+    assert {row["final_url"] for row in documents(out)} == {site.url("/"), site.url("/a")}
+
+
+def test_proxies_route_by_region_rotate_on_bans_and_bench_dead_exits(servers: ServerThread,
+                                                                    tmp_path: Path) -> None:
+    german = servers.start(Site("127.0.0.2", "zeitung.de.test"))
+    other = servers.start(Site("127.0.0.3", "news.com.test"))
+    for site in (german, other):
+        site.article("/", f"Home of {site.name}", [f"/a{i}" for i in range(6)])
+        for i in range(6):
+            site.article(f"/a{i}", f"Article {i} of {site.name}")
+    host_map = {german.name: german.ip, other.name: other.ip}
+    banned_exit = servers.start_proxy(CountingProxy(host_map, "de-1", ban={"zeitung.de.test"}))
+    good_exit = servers.start_proxy(CountingProxy(host_map, "de-2"))
+    dead_exit = servers.start_proxy(CountingProxy(host_map, "any-1", down=True))
+    default_exit = servers.start_proxy(CountingProxy(host_map, "any-2"))
+    summary = crawl_sites(
+        tmp_path, [german.url("/"), other.url("/")], [german, other],
+        proxies=(f"{banned_exit.url},region=de", f"{good_exit.url},region=de", dead_exit.url, default_exit.url),
+        proxy_routes={"*.de.test": "de"}, proxy_ban_after=2, max_retries=4, park_after=20)
+    seen = outcomes(tmp_path)
+    assert all(outcome == "ok" for outcome in seen.values()), seen
+    assert summary.documents == 14
+    # German pages only ever left through the German exits; the others never did.
+    assert set(banned_exit.counts) | set(good_exit.counts) == {"zeitung.de.test"}
+    assert set(dead_exit.counts) | set(default_exit.counts) <= {"news.com.test"}
+    assert banned_exit.counts["zeitung.de.test"] == 2  # banned after two captcha answers, then rotated away
+    assert good_exit.counts["zeitung.de.test"] == len(german.hits)  # every request that arrived came via it
+    assert default_exit.counts["news.com.test"] == len(other.hits)
+    assert dead_exit.url in {p["proxy"] for p in summary.proxies if p["benched"]}
+    assert german.name in next(p for p in summary.proxies if p["proxy"] == banned_exit.url)["banned_for"]
