@@ -1,0 +1,90 @@
+"""Same corpus, byte for byte, with 1 CPU, 2 CPUs and a 2-node ``ray.cluster_utils.Cluster``; and a
+worker node killed mid-job (``Cluster.remove_node``) without changing the result."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_pipeline_data import documents, write_jsonl, write_parquet
+
+from pipeline.dedup_job import DedupConfig, run_dedup
+from pipeline.format import Corpus
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cluster-input")
+    texts = documents(60)
+    for i in range(6):
+        write_jsonl(root / f"part{i}.jsonl", texts[i::8], prefix=f"j{i}-")
+    write_parquet(root / "rest.parquet", [t for i, t in enumerate(texts) if i % 8 >= 6], prefix="pq")
+    return root
+
+
+def _run(inputs: Path, out: Path) -> list[dict[str, Any]]:
+    """The job with many small splits (so several tasks run at once); returns the manifest's shards."""
+    run_dedup(DedupConfig(inputs=[str(inputs)], output=str(out), split_bytes=12_000, num_partitions=4))
+    return [s.to_dict() for s in Corpus.open(str(out)).shards]
+
+
+@pytest.fixture(scope="module")
+def baseline(inputs: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        return _run(inputs, tmp_path_factory.mktemp("two-cpus") / "corpus")
+    finally:
+        ray.shutdown()
+
+
+def test_one_cpu_gives_the_same_shards(inputs: Path, baseline: list[dict[str, Any]], tmp_path: Path) -> None:
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        assert _run(inputs, tmp_path / "corpus") == baseline
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture()
+def cluster() -> Iterator[Any]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_two_node_cluster_gives_the_same_shards_even_when_a_worker_node_dies(
+        inputs: Path, baseline: list[dict[str, Any]], cluster: Any, tmp_path: Path) -> None:
+    assert _run(inputs, tmp_path / "two-nodes") == baseline
+
+    victim = cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    out = tmp_path / "node-killed"
+    result: dict[str, Any] = {}
+    job = threading.Thread(target=lambda: result.update(shards=_run(inputs, out)))
+    job.start()
+    deadline = time.monotonic() + 120
+    while not list((out / "_work" / "read" / "done").glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert job.is_alive(), "the job finished before a node could be killed; the test proves nothing"
+    cluster.remove_node(victim, allow_graceful=False)
+    job.join(timeout=240)
+    assert not job.is_alive()
+    assert result["shards"] == baseline
