@@ -48,11 +48,10 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import signal
 
-    from dedup.lsh import optimal_bands
-    from dedup.minhash import DEFAULT_SEED
+    from pipeline.dedup_job import DedupError
     from pipeline.format import CorpusError
     from pipeline.service import DedupService, LogError, check_bind, serve_forever
-    from pipeline.service_index import IndexParams, load_index, write_index
+    from pipeline.service_index import load_index, params_for, write_index
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -61,10 +60,9 @@ def run(args: argparse.Namespace) -> int:
         if args.index:
             params, base = load_index(args.index)
         else:
-            bands, rows = optimal_bands(args.threshold, args.num_perm)
-            params, base = IndexParams(args.num_perm, args.ngram, bands, rows, DEFAULT_SEED, args.threshold), None
+            params, base = params_for(args.threshold, args.num_perm, args.ngram), None
         service = DedupService(params, os.path.join(args.state, LOG_NAME), base)
-    except (OSError, ValueError, CorpusError, LogError) as exc:
+    except (OSError, ValueError, CorpusError, DedupError, LogError) as exc:
         print(f"gristmill serve: {exc}", file=sys.stderr)
         return 2
     print(f"gristmill serve: {len(service.index)} documents ({service.index.base_count} from the index, "

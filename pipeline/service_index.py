@@ -21,15 +21,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.dedup_job import INDEX_FOLDER, _index_schema
+from pipeline.dedup_job import INDEX_FOLDER, DedupConfig, _index_schema, _params
 from pipeline.dedup_job import _Params as IndexParams
 from pipeline.format import CORPUS_SCHEMA, Corpus, CorpusError, open_fs, write_manifest
 
-__all__ = ["IndexParams", "SignatureTable", "load_index", "params_from_dict", "params_to_dict", "write_index"]
+__all__ = ["IndexParams", "SignatureTable", "load_index", "params_for", "params_from_dict", "params_to_dict", "write_index"]
 
 
 def params_to_dict(params: IndexParams) -> dict[str, Any]:
     return dataclasses.asdict(params)
+
+
+def params_for(threshold: float, num_perm: int, ngram: int) -> IndexParams:
+    """The parameters ``gristmill dedup`` would pick for these settings (for an index that starts empty)."""
+    return _params(DedupConfig(inputs=[], output="", threshold=threshold, num_perm=num_perm, ngram=ngram))
 
 
 def params_from_dict(values: Mapping[str, Any], where: str) -> IndexParams:

@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -311,3 +312,12 @@ def test_serves_an_index_and_exports_one_that_loads_back(tmp_path: Path) -> None
     assert table.ids == [f"base-{i}" for i in range(5)] + ["new-1"]
     assert np.array_equal(table.signatures[:5], sigs) and table.lengths[5] == len(text(300))
     assert np.array_equal(table.signatures[5], hasher.signatures([text(300)])[0])
+
+    # the batch job's own --against code accepts the export (checks the parameters, reads the files)
+    from pipeline.dedup_job import DedupConfig, _against, _params, _read_index_file
+
+    config = DedupConfig(inputs=[], output=str(tmp_path / "next"), against=str(tmp_path / "out"), num_perm=64,
+                         ngram=3, bands=8, rows=8, seed=7, threshold=0.7)
+    job = SimpleNamespace(config=config, params=_params(config))
+    [index_file] = _against(config, job.params)
+    assert _read_index_file(job, index_file)["id"].to_pylist() == table.ids
