@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from pipeline.demo_site.content import PUBLICATIONS, SITE_HOSTS, Page, build_sites
+from pipeline.demo_site.content import SITE_HOSTS, Page, build_sites
 
 LOOPBACK = "127.0.0.1"
 
@@ -56,8 +56,8 @@ class DemoSite:
     # -- what a crawler needs ----------------------------------------------------------------------
     @property
     def seeds(self) -> list[str]:
-        """The home pages of the three origin newspapers; every other page is reachable from them."""
-        return [self.bases[pub.host] + "/" for pub in PUBLICATIONS]
+        """The home page of every site (a crawler that stays on its seeds' hosts still finds all pages)."""
+        return [self.bases[host] + "/" for host in SITE_HOSTS]
 
     @property
     def host_map(self) -> dict[str, str]:
