@@ -1,0 +1,73 @@
+"""Each normalisation step on its own, switched on and off, and the exact content hash."""
+
+from __future__ import annotations
+
+import pytest
+
+import dedup
+
+NONE = dedup.NormalizeOptions(nfkc=False, casefold=False, whitespace=False, punctuation=False, digits=False)
+
+
+def only(**flags: bool) -> dedup.NormalizeOptions:
+    return dedup.NormalizeOptions(**{**NONE.__dict__, **flags})
+
+
+def test_defaults() -> None:
+    options = dedup.NormalizeOptions()
+    assert (options.nfkc, options.casefold, options.whitespace, options.punctuation) == (True,) * 4
+    assert options.digits is False
+    assert dedup.normalize("  Hello,\tWORLD!  Straße ２０２４ ") == "hello world strasse 2024"
+
+
+def test_all_steps_off_is_the_identity() -> None:
+    text = " Ｈｅｌｌｏ,\t WORLD ٣ ! "
+    assert dedup.normalize(text, NONE) == text
+
+
+@pytest.mark.parametrize(
+    "step, text, expected",
+    [
+        ("nfkc", "Ｈｅｌｌｏ ﬁne ½", "Hello fine 1⁄2"),
+        ("nfkc", "caf\u0065\u0301", "café"),  # combining accent composed
+        ("casefold", "Straße İSTANBUL", "strasse i̇stanbul"),
+        ("punctuation", "end.Start a+b=c «x»", "end Start a b c  x "),
+        ("digits", "2024 ٣ ٤", "0000 0 0"),
+        ("whitespace", " a \t\n b\u3000c\u00a0 ", "a b c"),
+    ],
+)
+def test_each_step_alone(step: str, text: str, expected: str) -> None:
+    assert dedup.normalize(text, only(**{step: True})) == expected
+    assert dedup.normalize(text, NONE) == text
+
+
+def test_steps_compose_in_order() -> None:
+    # NFKC turns the full-width comma into "," which punctuation folding then removes
+    assert dedup.normalize("a，b", only(nfkc=True, punctuation=True)) == "a b"
+    assert dedup.normalize("a，b", only(punctuation=True)) == "a b"  # U+FF0C is punctuation already
+    # punctuation becomes spaces that whitespace folding then merges
+    assert dedup.normalize("a -- b", only(punctuation=True, whitespace=True)) == "a b"
+    assert dedup.normalize("a -- b", only(punctuation=True)) == "a    b"
+
+
+def test_empty_and_whitespace_only() -> None:
+    assert dedup.normalize("") == ""
+    assert dedup.normalize(" \t\n\u3000 ") == ""
+    assert dedup.content_hash("") == dedup.content_hash("  \n ") == dedup.content_hash("!?")
+
+
+def test_content_hash_is_128_bit_xxh3_of_the_normal_form() -> None:
+    import xxhash
+
+    text = "Hello,   World!"
+    assert dedup.content_hash(text) == xxhash.xxh3_128_hexdigest(b"hello world")
+    assert dedup.content_hash(text, NONE) == xxhash.xxh3_128_hexdigest(text.encode())
+    assert dedup.content_hashes(["a", "A", "b"]) == [dedup.content_hash("a")] * 2 + [dedup.content_hash("b")]
+    assert dedup.content_hashes([]) == []
+
+
+def test_options_are_frozen_and_hashable() -> None:
+    options = dedup.NormalizeOptions()
+    with pytest.raises(AttributeError):
+        options.digits = True  # type: ignore[misc]
+    assert {options, dedup.NormalizeOptions()} == {options}
