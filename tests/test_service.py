@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from pipeline.cli import main
 from pipeline.service import DedupService, LogError
 from pipeline.service_client import AsyncDedupClient, DedupClient, ServiceError
 from pipeline.service_index import IndexParams, SignatureTable, load_index, write_index
@@ -55,14 +56,6 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             self.proc.wait(timeout=20)
-
-
-def run_serve(state: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``gristmill serve`` run to completion (refusals, --export)."""
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "serve", "--state", str(state), *args],
-        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})},
-    )
 
 
 def start_server(state: Path, *args: str, env: dict[str, str] | None = None) -> Server:
@@ -199,9 +192,12 @@ def test_limits_and_unknown_routes(server: Server) -> None:
 
 
 # -- the token rule -----------------------------------------------------------------------------
-def test_refuses_non_loopback_without_a_token(tmp_path: Path) -> None:
-    result = run_serve(tmp_path / "state", "--host", "0.0.0.0", env={"GRISTMILL_SERVICE_TOKEN": ""})
-    assert result.returncode == 2 and "refusing to bind 0.0.0.0 without a bearer token" in result.stderr
+def test_refuses_non_loopback_without_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.delenv("GRISTMILL_SERVICE_TOKEN", raising=False)
+    assert main(["serve", "--state", str(tmp_path / "state"), "--host", "0.0.0.0"]) == 2
+    assert "refusing to bind 0.0.0.0 without a bearer token" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()  # refused before touching anything
 
 
 def test_token_is_required_when_set(tmp_path: Path) -> None:
@@ -305,8 +301,8 @@ def test_serves_an_index_and_exports_one_that_loads_back(tmp_path: Path) -> None
     finally:
         srv.stop()
 
-    result = run_serve(tmp_path / "state", "--index", str(tmp_path / "corpus"), "--export", str(tmp_path / "out"))
-    assert result.returncode == 0, result.stderr
+    assert main(["serve", "--state", str(tmp_path / "state"), "--index", str(tmp_path / "corpus"),
+                 "--export", str(tmp_path / "out")]) == 0
     loaded_params, table = load_index(str(tmp_path / "out"))
     assert loaded_params == p
     assert table.ids == [f"base-{i}" for i in range(5)] + ["new-1"]
