@@ -111,7 +111,7 @@ def funnel_chart(documents: Mapping[str, int]) -> str:
         left -= removed
         body.append(_rect(label_w, y, left * scale, 24, COLORS["remaining"], f"{left:,} remain"))
         body.append(_rect(label_w + left * scale, y, removed * scale, 24, COLORS[outcome],
-                          f"{removed:,} {LABELS[outcome]}s removed ({_pct(removed, total)})"))
+                          f"{removed:,} {PLURALS[outcome]} removed ({_pct(removed, total)})"))
         body.append(_text(label_w + (left + removed) * scale + 8, y + 17,
                           f"-{removed:,} ({_pct(removed, total)})"))
     y = 10 + len(steps) * row_h

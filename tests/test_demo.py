@@ -1,0 +1,139 @@
+"""`make demo` end to end in a subprocess: crawl -> Ray dedup -> corpus -> stats -> report -> loader batches.
+
+The HTML report is opened in headless Chromium (Debian's chromium package; `make system-deps`), which
+must render its charts: the screenshot has to hold the charts' colours, and the DOM their SVG bars.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+from pipeline.demo_site.content import SITE_HOSTS, build_sites, load_articles
+from pipeline.duplicates import find_clusters, open_removed
+from pipeline.format import Corpus
+from pipeline.report import COLORS
+
+pytestmark = pytest.mark.timeout(300)
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars"]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[Path, str, dict]:
+    """Runs ``python -m pipeline.demo`` (what ``make demo`` runs) once; returns (output dir, stdout, summary)."""
+    output = tmp_path_factory.mktemp("demo") / "out"
+    done = subprocess.run([sys.executable, "-m", "pipeline.demo", "--output", str(output)], capture_output=True,
+                          text=True, timeout=280, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return output, done.stdout, json.loads((output / "summary.json").read_text(encoding="utf-8"))
+
+
+def test_demo_writes_a_verified_corpus_whose_statistics_add_up(demo) -> None:
+    output, stdout, summary = demo
+    corpus = Corpus.open(str(output / "corpus"))
+    assert all(result.ok for result in corpus.verify())
+    stats = corpus.stats
+    docs = stats["documents"]
+    assert docs["input"] == docs["kept"] + docs["exact_duplicate"] + docs["near_duplicate"] + docs["rejected"]
+    assert docs["input"] == summary["crawl"]["documents"] > 60  # every crawled page went in
+    assert docs["exact_duplicate"] > 0 and docs["near_duplicate"] > 0
+    assert corpus.num_rows == docs["kept"]
+    removed = open_removed(corpus)
+    assert removed.num_rows == docs["exact_duplicate"] + docs["near_duplicate"]
+    for key in ("by_domain", "by_language", "by_source"):
+        for outcome in ("input", "kept", "exact_duplicate", "near_duplicate", "rejected"):
+            assert sum(row[outcome] for row in stats[key].values()) == docs[outcome], (key, outcome)
+    assert set(stats["by_domain"]) == set(SITE_HOSTS)
+    assert {"en", "de", "ja", "pt"} <= set(stats["by_language"])
+    clusters = find_clusters(corpus, removed)
+    assert sum(int(size) * count for size, count in stats["cluster_sizes"].items()) == sum(c.size for c in clusters)
+    assert sum(stats["cluster_sizes"].values()) == len(clusters)
+    # Ground truth from the site: each article (origin, print copy, mirror, wire near-copy) survives exactly once.
+    sites = build_sites({host: f"http://{host}" for host in SITE_HOSTS})
+    survivors: Counter[str] = Counter()
+    for source in corpus.to_table(["source"])["source"].to_pylist():
+        parts = urlsplit(source)
+        page = sites[parts.hostname][unquote(parts.path)]
+        if page.kind in ("article", "print", "mirror", "syndicated"):
+            survivors[page.original or unquote(parts.path)] += 1
+    assert len(survivors) == len(load_articles()) and set(survivors.values()) == {1}, survivors
+    # and the demo told the user where everything went
+    for name in ("corpus", "removed", "report.html", "tokenizer.json", "summary.json"):
+        assert str(output / name) in stdout
+    assert "gristmill clusters" in stdout and summary["checks"]["shards_verified"]
+
+
+def test_demo_streams_one_epoch_of_packed_batches(demo) -> None:
+    _, stdout, summary = demo
+    loader = summary["loader"]
+    assert loader["batches"] >= 2 and loader["shape"] == [8, 256] and loader["dtype"] == "int32"
+    assert loader["tokens"] + loader["padding"] == loader["batches"] * 8 * 256
+    assert loader["tokens"] > 0.9 * loader["batches"] * 8 * 256  # packing leaves little padding
+    assert loader["counters"]["blocks_fetched"] >= 1 and loader["counters"]["batches"] == loader["batches"]
+    assert len(loader["sample_text"]) > 100
+    assert summary["resume"] == {**summary["resume"], "checked": True, "identical": True}
+    assert "remaining batches are identical" in stdout
+
+
+def test_stats_json_is_the_manifest_statistics(demo) -> None:
+    output, _, summary = demo
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "stats", str(output / "corpus"), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout)
+    assert stats == Corpus.open(str(output / "corpus")).stats == summary["stats"]
+
+
+def test_clusters_command_on_the_demo_corpus(demo) -> None:
+    output, _, summary = demo
+    example = summary["checks"]["example_cluster"]
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "clusters", str(output / "corpus"), "--show",
+                           example[:10], "--width", "140"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"cluster {example}:") and "KEPT  http://" in done.stdout
+    assert "NEAR DUPLICATE  http://" in done.stdout and "difflib ratio" in done.stdout
+
+
+def _chromium() -> str:
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert binary, "headless Chromium is needed: install Debian's chromium and chromium-driver (make system-deps)"
+    return binary
+
+
+def test_html_report_renders_its_charts_in_headless_chromium(demo, tmp_path) -> None:
+    from PIL import Image
+
+    output, _, _ = demo
+    report = (output / "report.html").resolve()
+    url = report.as_uri()
+    dom = subprocess.run([_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile-dom'}",
+                          "--dump-dom", url], capture_output=True, text=True, timeout=90)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    for chart in ("chart-funnel", "chart-cluster-sizes", "chart-similarity", "chart-domains", "chart-languages",
+                  "chart-stages"):
+        start = dom.stdout.index(f'id="{chart}"')
+        figure = dom.stdout[start:dom.stdout.index("</figure>", start)]
+        assert "<svg" in figure and figure.count("<rect") >= 3, chart
+    shot = tmp_path / "report.png"
+    done = subprocess.run([_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile-shot'}",
+                           "--window-size=1280,2600", f"--screenshot={shot}", url],
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1280, 2600)
+    colours = {colour: count for count, colour in image.getcolors(maxcolors=1 << 24)}
+    assert len(colours) > 200  # text, bars and anti-aliasing: far from a blank page
+    background = max(colours.values())
+    assert background < 0.8 * image.size[0] * image.size[1]
+    for outcome in ("kept", "exact_duplicate", "near_duplicate"):
+        rgb = tuple(int(COLORS[outcome][i:i + 2], 16) for i in (1, 3, 5))
+        assert colours.get(rgb, 0) > 500, (outcome, colours.get(rgb, 0))  # the bars were painted

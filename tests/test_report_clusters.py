@@ -1,0 +1,199 @@
+"""The HTML report's charts and the clusters command, on hand-built statistics and a real removed corpus on disk."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from pipeline import clusters_cmd
+from pipeline.dedup_job import REMOVED_SCHEMA
+from pipeline.duplicates import find_clusters, load_texts, open_removed
+from pipeline.format import CORPUS_SCHEMA, Corpus, CorpusError, ShardWriter
+from pipeline.report import (
+    _nice_step,
+    cluster_size_bins,
+    render_html,
+    similarity_bins,
+    write_report,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+STATS = {
+    "documents": {"input": 100, "kept": 60, "exact_duplicate": 25, "near_duplicate": 10, "rejected": 5},
+    "rejected": {"empty": 3, "invalid_utf8": 2},
+    "bytes": {"input_documents": 400_000, "kept": 250_000, "rejected_records": 10},
+    "approx_tokens": {"input_documents": 100_000, "kept": 62_500},
+    "by_domain": {"a.example": {"input": 70, "kept": 30, "exact_duplicate": 25, "near_duplicate": 10, "rejected": 5},
+                  "b.example": {"input": 30, "kept": 30, "exact_duplicate": 0, "near_duplicate": 0, "rejected": 0}},
+    "by_language": {"en": {"input": 100, "kept": 60, "exact_duplicate": 25, "near_duplicate": 10, "rejected": 5}},
+    "cluster_sizes": {"2": 12, "3": 5, "7": 1},
+    "stage_seconds": {"read": 1.5, "exact": 0.25},
+    "wall_seconds": 2.0,
+    "params": {"threshold": 0.8, "num_perm": 128},
+}
+
+
+class _Collect(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+
+def parse(page: str) -> list[tuple[str, dict[str, str | None]]]:
+    collector = _Collect()
+    collector.feed(page)
+    return collector.tags
+
+
+def test_report_is_self_contained_and_has_every_chart() -> None:
+    page = render_html(STATS, similarities=[1.0] * 25 + [0.82, 0.9, 0.95] * 3 + [math.nan],
+                       removed_as=["exact_duplicate"] * 25 + ["near_duplicate"] * 9 + ["near_duplicate"])
+    tags = parse(page)
+    assert not [t for t, _ in tags if t in ("script", "link", "img", "iframe")]
+    assert not [a for _, a in tags for k, v in a.items() if k in ("src", "href") and v and "//" in v]
+    ids = {a.get("id") for t, a in tags if t == "figure"}
+    assert ids == {"chart-funnel", "chart-cluster-sizes", "chart-similarity", "chart-domains", "chart-languages",
+                   "chart-stages"}
+    assert sum(t == "svg" for t, _ in tags) == 6
+    # the funnel's tooltips carry the real counts and shares
+    for text in ("25 exact duplicates removed (25.0%)", "10 near duplicates removed (10.0%)", "60 kept (60.0%)",
+                 "5 rejected removed (5.0%)", "65 remain"):
+        assert text in page
+    assert "a.example: 25 exact duplicate (35.7%)" in page  # per-domain shares are of that domain's input
+    assert "146.5 KiB" in page and "~37,500" in page  # text and tokens saved
+    assert "rejected: empty 3, invalid_utf8 2" in page
+
+
+def test_report_without_optional_parts_still_renders() -> None:
+    page = render_html({"documents": {"input": 0}})
+    ids = {a.get("id") for t, a in parse(page) if t == "figure"}
+    assert ids == {"chart-funnel"}
+
+
+def test_chart_bins() -> None:
+    assert [_nice_step(x) for x in (0, 1, 1.2, 3, 7, 11, 120)] == [1, 1, 2, 5, 10, 20, 200]
+    assert cluster_size_bins({"2": 3, "3": 1}) == [("2", {"bar": 3}), ("3", {"bar": 1})]
+    many = {str(k): 1 for k in range(2, 40)}
+    names = [name for name, _ in cluster_size_bins(many)]
+    assert names[:7] == ["2", "3", "4", "5", "6", "7", "8"] and names[7:] == ["9-16", "17-32", "33-64"]
+    assert sum(b["bar"] for _, b in cluster_size_bins(many)) == 38
+    bins, marker = similarity_bins([1.0, 0.81, 0.8, 0.95], ["exact_duplicate", "near_duplicate"] * 2, 0.8)
+    assert bins[0][0] == "0.70" and bins[-1][0] == "0.98"
+    assert sum(b["exact_duplicate"] + b["near_duplicate"] for _, b in bins) == 4
+    assert bins[-1][1]["exact_duplicate"] == 1 and dict(bins)["0.80"] == {"exact_duplicate": 1, "near_duplicate": 1}
+    assert marker == pytest.approx(1 / 3)
+
+
+def _row(doc_id: str, text: str, source: str, **extra: object) -> dict:
+    return {"id": doc_id, "text": text, "source": source, "domain": source.split("/")[2], "language": "en",
+            "cluster_id": extra.pop("cluster_id", doc_id), "cluster_size": extra.pop("cluster_size", 1), **extra}
+
+
+ORIGINAL = "The mill turns again.\nVolunteers cleared the leat by hand over two winters.\nFlour is sold by the door."
+
+
+@pytest.fixture()
+def dedup_output(tmp_path):
+    """A kept corpus and its removed corpus as gristmill dedup lays them out (real Parquet, real manifests)."""
+    corpus, removed = str(tmp_path / "corpus"), str(tmp_path / "removed")
+    kept = ShardWriter(corpus, CORPUS_SCHEMA)
+    kept.write([_row("rep", ORIGINAL, "http://a.test/mill", cluster_size=4, is_representative=True),
+                _row("solo", "Nothing like it.", "http://b.test/solo", is_representative=True),
+                _row("rep2", "Bees on the roof.\nTwo hives.", "http://b.test/bees", cluster_size=2,
+                     is_representative=True)])
+    kept.commit(stats={"documents": {"input": 7}}, extra={"job": {"removed": removed}})
+    gone = ShardWriter(removed, REMOVED_SCHEMA)
+    gone.write([
+        _row("near", ORIGINAL.replace("two winters", "three winters") + "\nFirst published by the Post.",
+             "http://wire.test/mill", cluster_id="rep", cluster_size=4, removed_as="near_duplicate",
+             duplicate_of="rep", similarity=0.84, is_representative=False),
+        _row("copy", ORIGINAL, "http://a.test/print/mill", cluster_id="rep", removed_as="exact_duplicate",
+             duplicate_of="rep", similarity=1.0, is_representative=False),
+        _row("copy-of-near", ORIGINAL.replace("two winters", "three winters") + "\nFirst published by the Post.",
+             "http://mirror.test/mill", cluster_id="near", removed_as="exact_duplicate", duplicate_of="near",
+             similarity=1.0, is_representative=False),
+        _row("bees-copy", "Bees on the roof.\nTwo hives.", "http://mirror.test/bees", cluster_id="rep2",
+             removed_as="exact_duplicate", duplicate_of="rep2", similarity=1.0, is_representative=False),
+    ])
+    gone.commit(extra={"removed_from": corpus})
+    return corpus, removed
+
+
+def test_clusters_follow_duplicate_chains_to_the_kept_row(dedup_output) -> None:
+    corpus_url, removed_url = dedup_output
+    corpus = Corpus.open(corpus_url)
+    removed = open_removed(corpus)  # found through the manifest's job record
+    assert removed.url == removed_url
+    clusters = find_clusters(corpus, removed)
+    assert [(c.id, c.size, c.exact, c.near) for c in clusters] == [("rep", 4, 2, 1), ("rep2", 2, 1, 0)]
+    assert clusters[0].representative.source == "http://a.test/mill"
+    assert {m.id for m in clusters[0].members} == {"near", "copy", "copy-of-near"}
+    load_texts(clusters[0], corpus, removed)
+    assert all(m.text for m in clusters[0].everyone())
+
+
+def test_removed_corpus_missing_is_a_clear_error(tmp_path) -> None:
+    url = str(tmp_path / "plain")
+    writer = ShardWriter(url, CORPUS_SCHEMA)
+    writer.write([_row("x", "text", "http://a.test/x", is_representative=True)])
+    writer.commit(extra={"job": {"removed": None}})
+    with pytest.raises(CorpusError, match=r"plain: its dedup job kept no removed documents; rerun"):
+        open_removed(Corpus.open(url))
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser()
+    clusters_cmd.add_arguments(parser)
+    code = clusters_cmd.run(parser.parse_args(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_clusters_command_lists_and_shows_side_by_side(dedup_output, capsys) -> None:
+    corpus_url, _ = dedup_output
+    code, out, _ = run_cli([corpus_url, "--json"], capsys)
+    listed = json.loads(out)
+    assert code == 0 and [c["cluster_id"] for c in listed] == ["rep", "rep2"]
+    assert listed[0]["min_similarity"] == 0.84 and listed[0]["domains"] == ["a.test", "mirror.test", "wire.test"]
+    code, out, _ = run_cli([corpus_url, "--show", "copy-of", "--width", "120"], capsys)  # a member's id prefix
+    assert code == 0
+    assert out.startswith("cluster rep: 4 documents (2 exact, 1 near duplicates)")
+    assert "KEPT  http://a.test/mill" in out and "NEAR DUPLICATE  http://wire.test/mill" in out
+    assert "similarity 0.840 (MinHash estimate)" in out
+    assert "copy of near" in out  # the exact copy of the near duplicate says whose copy it is
+    assert "text identical to the representative" in out  # the print copy
+    assert re.search(r"^~ .*\[-two-\].*│ .*\{\+three\+\}", out, re.M)  # the changed word, both sides
+    assert re.search(r"^\+ +│ First published by the Post\.$", out, re.M)  # the added paragraph, right only
+    assert re.search(r"^= The mill turns again\. +│ The mill turns again\.$", out, re.M)
+    assert all(len(line) <= 120 for line in out.splitlines() if "│" in line)
+    code, _, err = run_cli([corpus_url, "--show", "nope"], capsys)
+    assert code == 1 and "no cluster has a document whose id is or starts with 'nope'" in err
+    code, _, err = run_cli([corpus_url + "-missing", "--show", "x"], capsys)
+    assert code == 2 and "no manifest" in err
+
+
+def test_side_by_side_keeps_wide_characters_aligned() -> None:
+    old = "海沿いの町と山あいの温泉地を結ぶ全長四十キロのローカル線は、一日の利用者が千人を下回っている。"
+    new = old.replace("四十", "五十")
+    lines = list(clusters_cmd.side_by_side(old, new, 60))
+    assert lines[0].startswith("~ ")
+    bars = {clusters_cmd.display_width(line.split("│")[0]) for line in lines}
+    assert len(bars) == 1  # the divider sits in the same column on every line
+    assert "[-四-]" in "".join(lines) and "{+五+}" in "".join(lines)
+    assert clusters_cmd.text_ratio(old, new) == pytest.approx(1 - 1 / len(old))
+
+
+def test_write_report_finds_the_removed_corpus(dedup_output, tmp_path) -> None:
+    corpus_url, _ = dedup_output
+    path = write_report(corpus_url, str(tmp_path / "r.html"))
+    page = open(path, encoding="utf-8").read()
+    assert 'id="chart-similarity"' in page and "Lowest near-duplicate similarity: 0.840" in page
