@@ -129,7 +129,9 @@ def prepare(texts: Texts, options: NormalizeOptions) -> tuple[np.ndarray, np.nda
     return utf8_batch(prefold(as_strings(texts), options))
 
 
-def fold_prepared(data: np.ndarray, offsets: np.ndarray, options: NormalizeOptions):
+def fold_prepared(
+    data: np.ndarray, offsets: np.ndarray, options: NormalizeOptions
+) -> tuple[np.ndarray, np.ndarray]:
     """Steps 3-5 on a prepared batch: the fully normalised UTF-8 bytes and their offsets."""
     return K.fold(data, offsets, class_table(), options.punctuation, options.digits, options.whitespace)
 

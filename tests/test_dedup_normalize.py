@@ -71,3 +71,17 @@ def test_options_are_frozen_and_hashable() -> None:
     with pytest.raises(AttributeError):
         options.digits = True  # type: ignore[misc]
     assert {options, dedup.NormalizeOptions()} == {options}
+
+
+def test_class_table_covers_every_code_point() -> None:
+    """The table skips planes 4-13 and 15-16 for speed: nothing there is space, punctuation or a digit."""
+    import unicodedata
+
+    from dedup.normalize import class_table
+
+    table = class_table()
+    skipped = (*range(0x40000, 0xE0000), *range(0xE1000, 0x110000))
+    assert not any(chr(cp).isspace() or unicodedata.category(chr(cp))[0] in "PSN" for cp in skipped)
+    assert table[0x20] == table[0x3000] == 1 and table[ord(",")] == table[ord("€")] == 2
+    assert table[ord("7")] == table[0x0663] == 3 and table[ord("中")] == table[ord("ก")] == 4
+    assert table[ord("a")] == table[ord("한")] == 0
