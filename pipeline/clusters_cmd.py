@@ -93,7 +93,8 @@ def side_by_side(old: str, new: str, width: int) -> Iterator[str]:
     """Paragraph-aligned two-column diff of ``new`` against ``old``.
 
     Each row starts with ``=`` (same paragraph; shown on one truncated line), ``~`` (changed; words
-    marked), ``-`` (only in the representative) or ``+`` (only in this member).
+    marked), ``-`` (only in the representative), ``+`` (only in this member) or ``m`` (the same
+    paragraph at another position: moved; truncated like ``=``).
     """
     column = max(20, (width - 5) // 2)
     a = [p for p in old.splitlines() if p.strip()]
@@ -111,24 +112,38 @@ def side_by_side(old: str, new: str, width: int) -> Iterator[str]:
             r_text = rw[index] if index < len(rw) else ""
             yield f"{marker if index == 0 else ' '} {_pad(l_text, column)} │ {r_text}".rstrip()
 
-    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+    opcodes = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    only_a = {p for op, i1, i2, _, _ in opcodes if op != "equal" for p in a[i1:i2]}
+    only_b = {p for op, _, _, j1, j2 in opcodes if op != "equal" for p in b[j1:j2]}
+    moved = only_a & only_b
+
+    def one_side(left: str, right: str) -> Iterator[str]:
+        text = left or right
+        if text in moved:
+            yield from rows("m", left, right, full=False)
+        else:
+            yield from rows("-" if left else "+", left, right)
+
+    for op, i1, i2, j1, j2 in opcodes:
         if op == "equal":
             for left, right in zip(a[i1:i2], b[j1:j2], strict=True):
                 yield from rows("=", left, right, full=False)
         elif op == "replace":
-            pairs = list(zip(a[i1:i2], b[j1:j2], strict=False))
-            for left, right in pairs:
+            olds = [p for p in a[i1:i2] if p not in moved]
+            news = [p for p in b[j1:j2] if p not in moved]
+            paired = min(len(olds), len(news))
+            for left, right in zip(olds[:paired], news[:paired], strict=True):
                 yield from rows("~", *word_diff(left, right))
-            for left in a[i1 + len(pairs):i2]:
-                yield from rows("-", left, "")
-            for right in b[j1 + len(pairs):j2]:
-                yield from rows("+", "", right)
+            for left in olds[paired:] + [p for p in a[i1:i2] if p in moved]:
+                yield from one_side(left, "")
+            for right in news[paired:] + [p for p in b[j1:j2] if p in moved]:
+                yield from one_side("", right)
         elif op == "delete":
             for left in a[i1:i2]:
-                yield from rows("-", left, "")
+                yield from one_side(left, "")
         else:
             for right in b[j1:j2]:
-                yield from rows("+", "", right)
+                yield from one_side("", right)
 
 
 def text_ratio(old: str, new: str) -> float:

@@ -139,12 +139,14 @@ def _vertical_bars(bins: Sequence[tuple[str, Mapping[str, int]]], series: Sequen
     """Stacked vertical bars; ``marker`` draws a dashed line at a fraction of the x axis."""
     height, top, bottom, left = 260, 16, 44, 48
     plot_w, plot_h = WIDTH - left - 16, height - top - bottom
-    tick_step = _nice_step(max((sum(counts.get(s, 0) for s in series) for _, counts in bins), default=0) / 4)
-    peak = 4 * tick_step
+    highest = max((sum(counts.get(s, 0) for s in series) for _, counts in bins), default=0)
+    tick_step = _nice_step(highest / 5)
+    ticks = max(1, math.ceil(highest / tick_step))
+    peak = ticks * tick_step
     step = plot_w / max(len(bins), 1)
     body = [f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#90a4ae"/>']
-    for tick in range(5):
-        y = top + plot_h - plot_h * tick / 4
+    for tick in range(ticks + 1):
+        y = top + plot_h - plot_h * tick / ticks
         body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#eceff1"/>')
         body.append(_text(left - 6, y + 4, f"{tick * tick_step:,}", "end"))
     every = max(1, math.ceil(len(bins) / 16))

@@ -197,3 +197,13 @@ def test_write_report_finds_the_removed_corpus(dedup_output, tmp_path) -> None:
     path = write_report(corpus_url, str(tmp_path / "r.html"))
     page = open(path, encoding="utf-8").read()
     assert 'id="chart-similarity"' in page and "Lowest near-duplicate similarity: 0.840" in page
+
+
+def test_side_by_side_marks_moved_paragraphs_once_per_side() -> None:
+    old = "Title\nFirst paragraph here.\nSecond paragraph here.\nThird paragraph here."
+    new = "Title\nFirst paragraph here.\nThird paragraph here.\nSecond paragraph here."
+    lines = list(clusters_cmd.side_by_side(old, new, 80))
+    markers = [line[0] for line in lines]
+    assert markers.count("m") == 2 and "-" not in markers and "+" not in markers and "~" not in markers
+    moved = [line for line in lines if line.startswith("m")]
+    assert {"left" if line.split("│")[0][2:].strip() else "right" for line in moved} == {"left", "right"}
