@@ -58,7 +58,7 @@ class _RangeFile(io.RawIOBase):
     def __init__(self, size: int, ranges: list[tuple[int, bytes]], name: str) -> None:
         super().__init__()
         self._size = size
-        self._ranges = ranges
+        self._ranges = [(start, memoryview(data)) for start, data in ranges]  # slices without copying
         self._name = name
         self._pos = 0
 
@@ -79,7 +79,7 @@ class _RangeFile(io.RawIOBase):
     def size(self) -> int:
         return self._size
 
-    def read(self, size: int = -1) -> bytes:
+    def read(self, size: int = -1) -> memoryview:
         if size < 0:
             size = self._size - self._pos
         for start, data in self._ranges:

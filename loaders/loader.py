@@ -65,7 +65,7 @@ class StreamingLoader:
         steps_per_epoch: int | None = None,
         shuffle_window: int | None = None,
         prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
-        io_threads: int = 4,
+        io_threads: int | None = None,
         cache_dir: str | None = None,
         cache_bytes: int = 16 * 1024**3,
         verify_checksums: bool = False,
@@ -95,7 +95,7 @@ class StreamingLoader:
         self.pad_id = pad_id
         self.steps_per_epoch = steps_per_epoch
         self.prefetch_bytes = prefetch_bytes
-        self.io_threads = io_threads
+        self.io_threads = io_threads or min(4, os.cpu_count() or 1)
         self.output = output
         self.storage_options = dict(storage_options or {})
         self.worker_id = worker_id
@@ -245,9 +245,7 @@ class StreamingLoader:
         python = self.output == "python"
 
         def prepare(table: pa.Table) -> tuple[Any, int]:
-            if python:
-                return {c: table.column(c).to_pylist() for c in self.columns}, 2 * table.nbytes
-            return table, table.nbytes
+            return (_Block(table), 2 * table.nbytes) if python else (table, table.nbytes)
 
         for window in self._prefetcher(order, spec, start, prepare, 2.0 if python else 1.0):
             for begin in range(0, len(window.rows), self.batch_size):
@@ -321,9 +319,30 @@ class StreamingLoader:
         return {"tokens": tokens, "segment_ids": segments, "position": position, "worker": self.worker_id}
 
 
+class _Block:
+    """A decoded block whose columns become Python lists on first use, in the consuming thread.
+
+    Conversion holds the GIL, so it is kept off the fetch threads (which then only decode, GIL-free)
+    and done once per block rather than once per batch.
+    """
+
+    __slots__ = ("table", "lists")
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self.lists: dict[str, list] = {}
+
+    def column(self, name: str) -> list:
+        values = self.lists.get(name)
+        if values is None:
+            values = self.lists[name] = self.table.column(name).to_pylist()
+        return values
+
+
 def _python_batch(window: Window, blocks: np.ndarray, rows: np.ndarray, columns: list[str]) -> dict[str, list]:
     data = window.data
-    return {c: [data[b][c][r] for b, r in zip(blocks.tolist(), rows.tolist())] for c in columns}
+    pairs = list(zip(blocks.tolist(), rows.tolist()))
+    return {c: [data[b].column(c)[r] for b, r in pairs] for c in columns}
 
 
 def _arrow_batch(window: Window, blocks: np.ndarray, rows: np.ndarray) -> pa.Table:
