@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cluster-input")
-    texts = documents(60)
+    texts = documents(40)
     for i in range(6):
         write_jsonl(root / f"part{i}.jsonl", texts[i::8], prefix=f"j{i}-")
     write_parquet(root / "rest.parquet", [t for i, t in enumerate(texts) if i % 8 >= 6], prefix="pq")
@@ -30,7 +30,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _run(inputs: Path, out: Path) -> list[dict[str, Any]]:
     """The job with many small splits (so several tasks run at once); returns the manifest's shards."""
-    run_dedup(DedupConfig(inputs=[str(inputs)], output=str(out), split_bytes=12_000, num_partitions=4))
+    run_dedup(DedupConfig(inputs=[str(inputs)], output=str(out), split_bytes=16_000, num_partitions=4))
     return [s.to_dict() for s in Corpus.open(str(out)).shards]
 
 

@@ -1,0 +1,95 @@
+"""Resume: the driver of ``gristmill dedup`` is SIGKILLed in two different stages; rerunning the same
+command skips the finished work and writes the same corpus, byte for byte, as an uninterrupted run.
+
+The drivers connect to one local Ray started by the test (``--ray-address``), as a driver on a
+cluster would; killing a driver's process session kills only that driver."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_pipeline_data import documents, write_jsonl
+
+from pipeline.dedup_job import DedupConfig, run_dedup
+from pipeline.format import Corpus
+
+pytestmark = pytest.mark.timeout(300)
+REPO = Path(__file__).resolve().parents[1]
+
+
+SPLIT_BYTES, PARTITIONS = 20_000, 3
+
+
+def _start(inputs: Path, out: Path, address: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "pipeline.cli", "dedup", str(inputs), "-o", str(out), "--split-bytes",
+               str(SPLIT_BYTES), "--num-partitions", str(PARTITIONS), "--ray-address", address]
+    return subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _kill_session(process: subprocess.Popen) -> None:
+    """SIGKILL the driver and anything it started."""
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    listing = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
+    for line in listing.splitlines():
+        pid, sid = (int(x) for x in line.split())
+        if sid == process.pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _kill_when(process: subprocess.Popen, ready: callable, out: Path) -> None:
+    deadline = time.monotonic() + 180
+    while not ready() and time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read().decode()[-2000:]
+        time.sleep(0.01)
+    assert ready(), "the job never reached the stage to kill it in"
+    _kill_session(process)
+    assert not (out / "manifest.json").exists(), "the job finished before it was killed; nothing was tested"
+
+
+def test_driver_killed_in_two_stages_then_rerun_gives_the_identical_corpus(tmp_path: Path) -> None:
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    texts = documents(48)
+    for i in range(4):
+        write_jsonl(inputs / f"f{i}.jsonl", texts[i::4], prefix=f"f{i}-")
+    reference, out = tmp_path / "reference", tmp_path / "out"
+    work = out / "_work"
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        run_dedup(DedupConfig(inputs=[str(inputs)], output=str(reference), split_bytes=SPLIT_BYTES,
+                              num_partitions=PARTITIONS))
+        _kill_twice_then_finish(inputs, out, ray.get_runtime_context().gcs_address)
+    finally:
+        ray.shutdown()
+    resumed, expected = Corpus.open(str(out)), Corpus.open(str(reference))
+    assert [s.to_dict() for s in resumed.shards] == [s.to_dict() for s in expected.shards]
+    assert {"read", "exact", "sign", "buckets"} <= set(resumed.stats["resumed_stages"])
+    assert resumed.stats["documents"] == expected.stats["documents"]
+    assert resumed.stats["cluster_sizes"] == expected.stats["cluster_sizes"]
+    assert not work.exists()
+
+
+def _kill_twice_then_finish(inputs: Path, out: Path, address: str) -> None:
+    work = out / "_work"
+    first = _start(inputs, out, address)  # killed in the read stage, after some splits finished
+    _kill_when(first, lambda: len(list((work / "read" / "done").glob("*.json"))) >= 1, out)
+    assert not (work / "stage-read.json").exists()
+    second = _start(inputs, out, address)  # killed in the connected-components stage
+    _kill_when(second, lambda: (work / "stage-buckets.json").exists(), out)
+    assert not (work / "stage-clusters.json").exists()
+
+    third = _start(inputs, out, address)
+    assert third.wait(timeout=240) == 0, third.stderr.read().decode()[-2000:]
