@@ -40,7 +40,7 @@ def read(path: Path) -> str | None:
         return None
 
 
-def corpus(sources: int, edited: int, seed: int) -> tuple[list[str], list[str]]:
+def corpus(sources: int | None, edited: int, seed: int) -> tuple[list[str], list[str]]:
     """(texts, kinds): licence files, sources from both trees (same relative paths), edited copies."""
     texts, kinds = [], []
     for path in sorted(Path("/usr/share/doc").glob("*/copyright")):
@@ -51,7 +51,7 @@ def corpus(sources: int, edited: int, seed: int) -> tuple[list[str], list[str]]:
     relative = sorted(
         p.relative_to(ROOTS[0]) for p in Path(ROOTS[0]).rglob("*.py") if 2000 < p.stat().st_size < 30000
     )
-    picked = rng.sample(relative, min(sources, len(relative)))
+    picked = relative if sources is None else rng.sample(relative, min(sources, len(relative)))
     originals = []
     for rel in sorted(picked):
         for root in ROOTS:
@@ -160,7 +160,10 @@ def datasketch_pairs(shingle_sets: list[list[str]], threshold: float, num_perm: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--sources", type=int, default=1000, help="source files picked (each from both trees)"
+        "--sources",
+        type=int,
+        default=None,
+        help="source paths picked (each read from both trees); default all",
     )
     parser.add_argument("--edited", type=int, default=600)
     parser.add_argument("--thresholds", type=float, nargs="+", default=[0.7, 0.8])
