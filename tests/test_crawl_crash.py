@@ -27,7 +27,7 @@ import json, sys
 from crawlers import crawl
 seeds, out, host_map = json.loads(sys.argv[1])
 crawl(seeds, out, allow_networks=["127.0.0.0/8"], host_map=host_map, min_delay=0.0, extract=False,
-      per_host_concurrency=3, commit_every=5, commit_interval=0.3, progress_interval=60.0)
+      per_host_concurrency=3, adaptive=False, commit_every=5, commit_interval=0.3, progress_interval=60.0)
 """
 
 
