@@ -49,7 +49,8 @@ def crawl_demo_site(site: Any, raw: Path) -> dict[str, Any]:
     """Crawl every demo site into ``raw`` (a raw corpus); returns the crawl summary."""
     import crawlers
 
-    bar = _bar(total=sum(len(pages) for pages in site.sites.values()), unit="page", desc="crawl")
+    pages = sum(page.kind not in ("robots", "sitemap") for _, page in site.pages())
+    bar = _bar(total=pages, unit="page", desc="crawl")
 
     def progress(report: dict[str, Any]) -> None:
         bar.n = report["fetched"]
@@ -60,6 +61,8 @@ def crawl_demo_site(site: Any, raw: Path) -> dict[str, Any]:
         summary = crawlers.crawl(
             site.seeds, str(raw), host_map=site.host_map, allow_networks=["127.0.0.0/8"], min_delay=0.0,
             extract_workers=1, progress_interval=0.25, commit_interval=5.0, on_progress=progress)
+        bar.n = summary.fetched_this_run  # progress reports are periodic; the last one may predate the end
+        bar.set_postfix(queued=summary.queued, refresh=False)
     finally:
         bar.close()
     return summary.to_dict()
@@ -85,6 +88,7 @@ def stage_progress(work: Path, stages: tuple[str, ...]) -> Iterator[None]:
     watcher.start()
     try:
         yield
+        bar.n = len(stages)  # the job removes its work folder as it finishes; it got through every stage
     finally:
         done.set()
         watcher.join()
