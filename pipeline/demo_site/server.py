@@ -16,7 +16,7 @@ import argparse
 import asyncio
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -74,7 +74,7 @@ class DemoSite:
                 yield self.bases[host] + path, page
 
     # -- serving -----------------------------------------------------------------------------------
-    def _handler(self, host: str):  # noqa: ANN202 - aiohttp handler factory
+    def _handler(self, host: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
             page = self.sites[host].get(request.path)
             if page is None:
