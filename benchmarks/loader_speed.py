@@ -210,8 +210,10 @@ def make_loader(tool: str, data: str, workers: int) -> tuple[Iterable[Any], Call
 
             dataset = litdata.StreamingDataset(os.path.join(data, "parquet"), shuffle=True, seed=0,
                                                item_loader=ParquetLoader())
+        # litdata refuses fork for its Parquet loader (Polars deadlocks after fork): spawn, as it asks
+        context = {"multiprocessing_context": "spawn"} if workers and tool == "litdata-parquet" else {}
         loader = litdata.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=workers,
-                                             collate_fn=_texts_collate)
+                                             collate_fn=_texts_collate, **context)
         return loader, _identity
     raise ValueError(f"unknown tool {tool!r}")
 

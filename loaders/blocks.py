@@ -303,26 +303,43 @@ class BlockSource:
     def _key(info: ShardInfo, start: int, end: int) -> str:
         return f"{info.checksum.split(':')[-1][:32]}-{start}-{end}"
 
-    def read(self, block: int) -> pa.Table:
-        """Fetch and decode one block: exactly one ranged read of the row group's bytes."""
+    def fetch(self, block: int) -> bytes:
+        """The block's bytes: exactly one ranged read of the row group (or a disk-cache hit)."""
+        shard, group = int(self.layout.shard[block]), int(self.layout.group[block])
+        rg = self.corpus.shards[shard].row_groups[group]
+        self.footer(shard)
+        data = self._fetch(shard, rg.offset, rg.offset + rg.length,
+                           f"row group {group} (bytes [{rg.offset}, {rg.offset + rg.length}))")
+        self.counters.add(blocks_fetched=1)
+        return data
+
+    def decode(self, block: int, data: bytes, head_rows: int | None = None) -> pa.Table:
+        """Decode fetched bytes: the whole row group, or only its first ``head_rows`` rows (first pages only)."""
         shard, group = int(self.layout.shard[block]), int(self.layout.group[block])
         info = self.corpus.shards[shard]
         metadata, tail = self.footer(shard)
         rg = info.row_groups[group]
         what = f"row group {group} (bytes [{rg.offset}, {rg.offset + rg.length}))"
-        data = self._fetch(shard, rg.offset, rg.offset + rg.length, what)
         source = _RangeFile(info.bytes, [(rg.offset, data), (info.footer_offset, tail)], self._where(shard))
+        expected = rg.rows if head_rows is None else min(head_rows, rg.rows)
         try:
-            table = pq.ParquetFile(source, metadata=metadata).read_row_group(group, columns=self.columns,
-                                                                             use_threads=False)
+            parquet = pq.ParquetFile(source, metadata=metadata)
+            if head_rows is None:
+                table = parquet.read_row_group(group, columns=self.columns, use_threads=False)
+            else:
+                batch = next(parquet.iter_batches(batch_size=expected, row_groups=[group], columns=self.columns,
+                                                  use_threads=False))
+                table = pa.Table.from_batches([batch])
         except LoaderError:
             raise
-        except (pa.ArrowException, OSError, ValueError) as exc:
+        except (pa.ArrowException, OSError, ValueError, StopIteration) as exc:
             raise LoaderError(f"{self._where(shard)}: {what} is corrupt and cannot be decoded "
                               f"({type(exc).__name__}: {exc})") from None
-        if table.num_rows != rg.rows:
+        if table.num_rows != expected:
             raise LoaderError(f"{self._where(shard)}: {what} decoded to {table.num_rows} rows, the manifest "
-                              f"says {rg.rows}")
-        self.counters.add(blocks_fetched=1)
+                              f"says {expected}")
         return table
 
+    def read(self, block: int) -> pa.Table:
+        """Fetch and decode one whole block."""
+        return self.decode(block, self.fetch(block))

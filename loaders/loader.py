@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -290,26 +291,26 @@ class StreamingLoader:
         packer = _Packer(seq_len, size, tokenizer.eos_id, self.pad_id, docs, skip)
         windows = self._prefetcher(order, spec, docs, prepare, 4.0) if docs < len(spec.positions) else iter(())
         yielded = done
-        for window in windows:
-            for batch in packer.feed(window):
-                if quota is not None and yielded >= quota:
-                    break
-                yielded += 1
-                yield self._emit(batch, packer)
+
+        def batches() -> Iterator[_Packed]:
+            for window in windows:
+                for block, row in zip(window.blocks.tolist(), window.rows.tolist()):
+                    flat, offsets = window.data[block]
+                    packer.add(flat[offsets[row]: offsets[row + 1]], block)
+                    while packer.full():
+                        yield packer.take()
+            yield from packer.flush(pad_rows=quota is not None)
+
+        for batch in batches():
             if quota is not None and yielded >= quota:
-                break
-        if quota is None or yielded < quota:
-            for batch in packer.flush(pad_rows=quota is not None):
-                if quota is not None and yielded >= quota:
-                    break
-                yielded += 1
-                yield self._emit(batch, packer)
+                break  # this rank has more tokens than the agreed step count: the rest are not used
+            yielded += 1
+            yield self._emit(batch)
         while quota is not None and yielded < quota:  # this rank ran short: pad so all ranks agree
             yielded += 1
-            yield self._emit(packer.padding(), packer)
+            yield self._emit(packer.padding())
 
-    def _emit(self, batch: tuple[np.ndarray, np.ndarray, tuple[int, int], np.ndarray],
-              packer: _Packer) -> dict[str, Any]:
+    def _emit(self, batch: _Packed) -> dict[str, Any]:
         tokens, segments, position, blocks = batch
         self._count(blocks)
         self._batches += 1
@@ -357,8 +358,11 @@ def _arrow_batch(window: Window, blocks: np.ndarray, rows: np.ndarray) -> pa.Tab
     return pa.concat_tables(pieces).combine_chunks().take(pa.array(order))
 
 
+_Packed = tuple[np.ndarray, np.ndarray, tuple[int, int], np.ndarray]
+
+
 class _Packer:
-    """Packs documents (in stream order) into ``[batch, seq_len]`` rows; tracks the resume position.
+    """Packs documents (in stream order) into ``[batch, seq_len]`` rows, holding about one batch of tokens.
 
     The position after a batch is (documents of the stream fully emitted, tokens of the next one
     already emitted), counted from the stream's start, so a resume starts reading at that document and
@@ -369,72 +373,62 @@ class _Packer:
                  skip: int) -> None:
         self.seq_len = seq_len
         self.batch_size = batch_size
-        self.eos_id = eos_id
+        self.eos = None if eos_id is None else np.asarray([eos_id], dtype=np.int32)
         self.pad_id = pad_id
         self.skip = skip
-        self.next_doc = docs  # stream index of the next document fed in
-        self.tokens: list[np.ndarray] = []
-        self.doc_of: list[np.ndarray] = []  # stream index of the document each buffered token belongs to
-        self.blocks: list[np.ndarray] = []
+        self.next_doc = docs  # stream index of the next document added
+        self.pending: deque[list[Any]] = deque()  # [document index, tokens, tokens already emitted, block]
         self.buffered = 0
-        self.doc_lengths: dict[int, int] = {}  # total tokens of each buffered document (incl. eos)
 
-    def feed(self, window: Window) -> Iterator[tuple[np.ndarray, np.ndarray, tuple[int, int], np.ndarray]]:
-        eos = None if self.eos_id is None else np.asarray([self.eos_id], dtype=np.int32)
-        parts, owners = [], []
-        for block, row in zip(window.blocks.tolist(), window.rows.tolist()):
-            flat, offsets = window.data[block]
-            part = flat[offsets[row]: offsets[row + 1]]
-            if eos is not None:
-                part = np.concatenate([part, eos])
-            self.doc_lengths[self.next_doc] = len(part)
-            if self.skip:
-                part, self.skip = part[self.skip:], 0
-            parts.append(part)
-            owners.append(np.full(len(part), self.next_doc, dtype=np.int64))
-            self.next_doc += 1
-        if parts:
-            self.tokens.append(np.concatenate(parts))
-            self.doc_of.append(np.concatenate(owners))
-            self.blocks.append(np.unique(window.blocks))
-            self.buffered += len(self.tokens[-1])
-        need = self.seq_len * self.batch_size
-        while self.buffered >= need:
-            yield self._take(self.batch_size)
+    def add(self, tokens: np.ndarray, block: int) -> None:
+        if self.eos is not None:
+            tokens = np.concatenate([tokens, self.eos])
+        start, self.skip = min(self.skip, len(tokens)), 0
+        self.pending.append([self.next_doc, tokens, start, block])
+        self.buffered += len(tokens) - start
+        self.next_doc += 1
 
-    def _take(self, rows: int, pad_to: int | None = None) -> tuple[np.ndarray, np.ndarray, tuple[int, int], np.ndarray]:
-        tokens = np.concatenate(self.tokens) if len(self.tokens) != 1 else self.tokens[0]
-        owners = np.concatenate(self.doc_of) if len(self.doc_of) != 1 else self.doc_of[0]
-        count = min(rows * self.seq_len, len(tokens))
+    def full(self) -> bool:
+        return self.buffered >= self.seq_len * self.batch_size
+
+    def take(self, rows: int | None = None, pad_to: int | None = None) -> _Packed:
+        rows = rows or self.batch_size
+        need, pieces, lengths, blocks = rows * self.seq_len, [], [], []
+        while need and self.pending:
+            entry = self.pending[0]
+            _, tokens, start, block = entry
+            use = min(len(tokens) - start, need)
+            pieces.append(tokens[start:start + use])
+            lengths.append(use)
+            blocks.append(block)
+            need -= use
+            if start + use == len(tokens):
+                self.pending.popleft()
+            else:
+                entry[2] += use
+        count = sum(lengths)
+        self.buffered -= count
         out_rows = pad_to or rows
         grid = np.full(out_rows * self.seq_len, self.pad_id, dtype=np.int32)
-        grid[:count] = tokens[:count]
         segments = np.zeros(out_rows * self.seq_len, dtype=np.int32)
-        taken = owners[:count]
         if count:
-            row_of = np.arange(count) // self.seq_len
-            first_in_row = taken[row_of * self.seq_len]
-            segments[:count] = (taken - first_in_row + 1).astype(np.int32)
-        self.tokens, self.doc_of = [tokens[count:]], [owners[count:]]
-        self.buffered = len(tokens) - count
-        blocks = np.concatenate(self.blocks) if self.blocks else np.zeros(0, np.int64)
-        self.blocks = self.blocks[-1:]
-        if self.buffered:
-            doc = int(owners[count])
-            position = (doc, self.doc_lengths[doc] - int((owners[count:] == doc).sum()))
-        else:
-            position = (self.next_doc, 0)
-        for doc in [d for d in self.doc_lengths if d < position[0]]:
-            del self.doc_lengths[doc]
-        return grid.reshape(out_rows, self.seq_len), segments.reshape(out_rows, self.seq_len), position, blocks
+            grid[:count] = np.concatenate(pieces)
+            piece = np.repeat(np.arange(len(pieces), dtype=np.int32), lengths)
+            first_in_row = np.repeat(piece[:: self.seq_len], self.seq_len)[:count]
+            segments[:count] = piece - first_in_row + 1
+        position = (self.pending[0][0], self.pending[0][2]) if self.pending else (self.next_doc, 0)
+        shape = (out_rows, self.seq_len)
+        return grid.reshape(shape), segments.reshape(shape), position, np.asarray(blocks, dtype=np.int64)
 
-    def flush(self, pad_rows: bool) -> Iterator[tuple[np.ndarray, np.ndarray, tuple[int, int], np.ndarray]]:
-        """The last, partly filled batch: its last row padded with ``pad_id`` (segment 0)."""
+    def flush(self, pad_rows: bool) -> Iterator[_Packed]:
+        """What is left: full batches, then one partly filled (its last row padded with ``pad_id``)."""
+        while self.full():
+            yield self.take()
         if self.buffered:
             rows = math.ceil(self.buffered / self.seq_len)
-            yield self._take(rows, pad_to=self.batch_size if pad_rows else rows)
+            yield self.take(rows, pad_to=self.batch_size if pad_rows else rows)
 
-    def padding(self) -> tuple[np.ndarray, np.ndarray, tuple[int, int], np.ndarray]:
+    def padding(self) -> _Packed:
         shape = (self.batch_size, self.seq_len)
         return (np.full(shape, self.pad_id, dtype=np.int32), np.zeros(shape, dtype=np.int32),
                 (self.next_doc, 0), np.zeros(0, np.int64))

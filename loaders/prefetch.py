@@ -6,7 +6,8 @@ from the byte budget first. The consumer receives whole windows in order and rel
 blocks when it moves past it. Blocks shared by consecutive windows are fetched once. Everything waits
 on one condition variable or on futures: nothing polls.
 
-The budget is a hard limit with one exception that prevents deadlock: when a single window needs more
+The first window's blocks are fetched alone (slow start), so the first batch does not share the
+cores with read-ahead. The budget is a hard limit with one exception that prevents deadlock: when a single window needs more
 than the budget, that window alone is admitted (the consumer cannot make progress without it).
 """
 
@@ -16,7 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +68,8 @@ class Prefetcher:
         self._released = 0  # windows the consumer has finished, counted from the first one
         self._ready: deque[Any] = deque()
         self._stop = False
-        self._live: dict[int, _Entry] = {}
+        self._live: dict[int, _Entry] = {}  # block id, or -1 - block id for a first window's head decode
+        self._raw: dict[int, bytes] = {}  # a block's bytes fetched for a head decode, until its full decode
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="gristmill-fetch")
         self._thread = threading.Thread(target=self._schedule, name="gristmill-plan", daemon=True)
         self._thread.start()
@@ -78,13 +80,17 @@ class Prefetcher:
         with self._cv:
             return self._used
 
-    def _task(self, block: int, estimate: int) -> Any:
-        if self.source.cache is not None:
-            self.source.cache.pin(self.source.cache_key(block))
-        table = self.source.read(block)
-        prepared, actual = self.prepare(table)
+    def _task(self, key: int, block: int, estimate: int, head_rows: int | None) -> Any:
+        data = self._raw.pop(block, None)
+        if data is None:
+            if self.source.cache is not None:
+                self.source.cache.pin(self.source.cache_key(block))
+            data = self.source.fetch(block)
+        if head_rows is not None:
+            self._raw[block] = data  # the whole block's decode, for later windows, reuses this read
+        prepared, actual = self.prepare(self.source.decode(block, data, head_rows))
         with self._cv:
-            entry = self._live.get(block)
+            entry = self._live.get(key)
             if entry is not None and entry.nbytes == estimate:
                 self._used += actual - estimate
                 entry.nbytes = actual
@@ -100,28 +106,39 @@ class Prefetcher:
                 if index == first:
                     positions = positions[self.start_row - int(self.spec.bounds[index]):]
                 blocks, rows = self.order.locate(positions)
-                needed = [int(b) for b in np.unique(blocks)]
+                needed = [(int(b), int(b)) for b in np.unique(blocks)]  # (key in _live, block)
+                head_rows = None
+                if relative == 0 and len(needed) == 1:
+                    # The first window decodes only the pages holding its rows: a fast first batch.
+                    head_rows = int(rows.max()) + 1
+                    needed = [(-1 - needed[0][1], needed[0][1])]
                 with self._cv:
                     if self._stop:
                         return
                     fresh = []
-                    for block in needed:
-                        if block in self._live:
-                            self._live[block].refs += 1
+                    for key, block in needed:
+                        if key in self._live:
+                            self._live[key].refs += 1
                         else:
-                            fresh.append(block)
+                            fresh.append((key, block))
                 if pending is not None and not self._publish(*pending):
                     return
-                for block in fresh:
-                    estimate = int(self.source.block_nbytes(block) * self.expansion)
+                for key, block in fresh:
+                    share = 1.0 if head_rows is None else head_rows / max(1, int(self.source.layout.rows[block]))
+                    estimate = int(self.source.block_nbytes(block) * self.expansion * share)
                     with self._cv:
                         self._cv.wait_for(lambda rel=relative, n=estimate: self._stop or self._released >= rel
                                           or self._used + n <= self.budget)
                         if self._stop:
                             return
                         self._used += estimate
-                        self._live[block] = _Entry(self._pool.submit(self._task, block, estimate), 1, estimate)
+                        future = self._pool.submit(self._task, key, block, estimate, head_rows)
+                        self._live[key] = _Entry(future, 1, estimate)
                 pending = (relative, (index, positions, blocks, rows, needed))
+                if relative == 0:  # slow start: the first batch's blocks get the cores to themselves
+                    with self._cv:
+                        first_futures = [self._live[key].future for key, _ in needed]
+                    wait(first_futures)
             if pending is not None and not self._publish(*pending):
                 return
             with self._cv:
@@ -155,24 +172,24 @@ class Prefetcher:
                     raise item
                 index, positions, blocks, rows, needed = item
                 with self._cv:
-                    entries = {b: self._live[b] for b in needed}
+                    entries = {key: (block, self._live[key]) for key, block in needed}
                 window = Window(index, positions, blocks, rows,
-                                {b: entry.future.result() for b, entry in entries.items()})
+                                {block: entry.future.result() for block, entry in entries.values()})
                 self.counters.add(wait_seconds=time.perf_counter() - began)
                 yield window
                 self._release(entries)
         finally:
             self.close()
 
-    def _release(self, entries: dict[int, _Entry]) -> None:
+    def _release(self, entries: dict[int, tuple[int, _Entry]]) -> None:
         with self._cv:
-            for block, entry in entries.items():
+            for key, (block, entry) in entries.items():
                 entry.refs -= 1
                 if entry.refs == 0:
                     self._used -= entry.nbytes
-                    if self._live.get(block) is entry:
-                        del self._live[block]
-                    if self.source.cache is not None:
+                    if self._live.get(key) is entry:
+                        del self._live[key]
+                    if self.source.cache is not None and key >= 0:
                         self.source.cache.unpin(self.source.cache_key(block))
             self._released += 1
             self._cv.notify_all()
