@@ -123,6 +123,8 @@ def dedup_output(tmp_path):
              similarity=1.0, is_representative=False),
         _row("bees-copy", "Bees on the roof.\nTwo hives.", "http://mirror.test/bees", cluster_id="rep2",
              removed_as="exact_duplicate", duplicate_of="rep2", similarity=1.0, is_representative=False),
+        _row("seen-before", "An old story.", "http://b.test/old", cluster_id="earlier", removed_as="near_duplicate",
+             duplicate_of="earlier", similarity=0.9, is_representative=False),  # lost to an --against corpus
     ])
     gone.commit(extra={"removed_from": corpus})
     return corpus, removed
@@ -134,7 +136,9 @@ def test_clusters_follow_duplicate_chains_to_the_kept_row(dedup_output) -> None:
     removed = open_removed(corpus)  # found through the manifest's job record
     assert removed.url == removed_url
     clusters = find_clusters(corpus, removed)
-    assert [(c.id, c.size, c.exact, c.near) for c in clusters] == [("rep", 4, 2, 1), ("rep2", 2, 1, 0)]
+    assert [(c.id, c.size, c.exact, c.near) for c in clusters] == [
+        ("rep", 4, 2, 1), ("rep2", 2, 1, 0), ("earlier", 1, 0, 1)]
+    assert clusters[2].representative is None
     assert clusters[0].representative.source == "http://a.test/mill"
     assert {m.id for m in clusters[0].members} == {"near", "copy", "copy-of-near"}
     load_texts(clusters[0], corpus, removed)
@@ -162,7 +166,8 @@ def test_clusters_command_lists_and_shows_side_by_side(dedup_output, capsys) -> 
     corpus_url, _ = dedup_output
     code, out, _ = run_cli([corpus_url, "--json"], capsys)
     listed = json.loads(out)
-    assert code == 0 and [c["cluster_id"] for c in listed] == ["rep", "rep2"]
+    assert code == 0 and [c["cluster_id"] for c in listed] == ["rep", "rep2", "earlier"]
+    assert listed[2]["representative"] is None
     assert listed[0]["min_similarity"] == 0.84 and listed[0]["domains"] == ["a.test", "mirror.test", "wire.test"]
     code, out, _ = run_cli([corpus_url, "--show", "copy-of", "--width", "120"], capsys)  # a member's id prefix
     assert code == 0
@@ -175,6 +180,10 @@ def test_clusters_command_lists_and_shows_side_by_side(dedup_output, capsys) -> 
     assert re.search(r"^\+ +│ First published by the Post\.$", out, re.M)  # the added paragraph, right only
     assert re.search(r"^= The mill turns again\. +│ The mill turns again\.$", out, re.M)
     assert all(len(line) <= 120 for line in out.splitlines() if "│" in line)
+    code, out, _ = run_cli([corpus_url, "--top", "5"], capsys)
+    assert code == 0 and "(in an earlier corpus)" in out and out.startswith("3 clusters with removed members, holding 7 of 8")
+    code, out, _ = run_cli([corpus_url, "--show", "seen-before"], capsys)
+    assert code == 0 and "the representative is not in this corpus" in out and "copy of earlier" in out
     code, _, err = run_cli([corpus_url, "--show", "nope"], capsys)
     assert code == 1 and "no cluster has a document whose id is or starts with 'nope'" in err
     code, _, err = run_cli([corpus_url + "-missing", "--show", "x"], capsys)
