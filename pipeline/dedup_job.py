@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import posixpath
 import time
 from collections import Counter, defaultdict
@@ -121,7 +122,7 @@ class DedupConfig:
     id_column: str = "id"
     max_doc_bytes: int = 10 * 1024 * 1024
     split_bytes: int = 64 * 1024 * 1024
-    num_partitions: int = 16
+    num_partitions: int | None = None  # hash partitions per shuffle; default: one per split, 2 to 64
     removed: str | None = None
     against: str | None = None
     shard_bytes: int = 256 * 1024 * 1024
@@ -184,9 +185,7 @@ class _Job:
     index_files: list[str]  # --against: one pseudo-split per index file
     fingerprint: str
 
-    @property
-    def num_partitions(self) -> int:
-        return self.config.num_partitions
+    num_partitions: int
 
     @property
     def split_indices(self) -> list[int]:
@@ -500,13 +499,15 @@ def _write_split_now(job: _Job, split_index: int) -> dict[str, Any]:
 
     exact_pos = _positions(keys, exact["key"].to_numpy())
     rep_keys = exact["rep_key"].to_numpy()
+    rep_ids = exact["rep_id"].to_pylist()
+    copies = exact["copies"].to_numpy()
     for row, pos in enumerate(exact_pos):
         if rep_keys[row] != keys[pos]:
             status[pos] = 1
-            duplicate_of[pos] = cluster_id[pos] = exact["rep_id"][row].as_py()
+            duplicate_of[pos] = cluster_id[pos] = rep_ids[row]
             similarity[pos] = 1.0
         else:
-            cluster_size[pos] = exact["copies"][row].as_py()
+            cluster_size[pos] = copies[row]
     cluster_pos = _positions(keys, clusters["key"].to_numpy())
     c_rep = clusters["rep_key"].to_numpy()
     c_id = clusters["cluster_id"].to_pylist()
@@ -672,24 +673,29 @@ def run_dedup(config: DedupConfig) -> dict[str, Any]:
     """Run the whole job (initialising local Ray if nothing is connected); returns the manifest stats."""
     import ray
 
-    if config.num_partitions < 1 or config.split_bytes < 1:
+    if (config.num_partitions is not None and config.num_partitions < 1) or config.split_bytes < 1:
         raise DedupError("num_partitions and split_bytes must be positive")
     started = time.time()
     params = _params(config)
     files = resolve_inputs(config.inputs, config.storage_options)
     index_files = _against(config, params) if config.against else []
     splits = plan_splits(files, config.split_bytes, first_index=len(index_files))
-    fingerprint = _fingerprint(config, params, splits, index_files)
+    partitions = config.num_partitions or max(2, min(64, len(splits) + len(index_files)))
+    fingerprint = _fingerprint(config, params, splits, index_files)  # names the output files
     work = WorkDir(posixpath.join(config.output.rstrip("/"), WORK_FOLDER), config.storage_options)
     previous = work.read_json("job.json")
-    if previous is not None and previous.get("fingerprint") != fingerprint:
+    identity = {"fingerprint": fingerprint, "partitions": partitions}  # the shuffles depend on both
+    if previous is not None and previous != identity:
         log.info("work folder %s belongs to a different job; starting afresh", work.url)
         work.remove("")
-    work.write_json("job.json", {"fingerprint": fingerprint})
-    job = _Job(config, params, work, splits, index_files, fingerprint)
+    work.write_json("job.json", identity)
+    job = _Job(config, params, work, splits, index_files, fingerprint, partitions)
 
     if not ray.is_initialized():
-        ray.init(logging_level=logging.WARNING, log_to_driver=False)
+        # RAY_ADDRESS (set by `ray job submit`) joins that cluster; otherwise start a private local Ray
+        # rather than attach to whatever cluster this machine happens to run.
+        ray.init(address=os.environ.get("RAY_ADDRESS") or "local", logging_level=logging.WARNING,
+                 log_to_driver=False)
     import ray.data
 
     logging.getLogger("ray.data").setLevel(logging.WARNING)
@@ -712,13 +718,13 @@ def run_dedup(config: DedupConfig) -> dict[str, Any]:
         work.write_json(f"stage-{name}.json", {"result": result})
         return result
 
-    parts = list(range(config.num_partitions))
+    parts = list(range(job.num_partitions))
     stage("read", lambda: _map_splits(_read_index_split, job, list(range(len(index_files))))
           + _map_splits(_read_split, job, job.split_indices))
     stage("exact", lambda: run_tasks(_exact_partition, [(job, p) for p in parts]))
     stage("sign", lambda: _map_splits(_sign_split, job, job.split_indices))
     stage("buckets", lambda: run_tasks(_bucket_partition, [(job, p) for p in parts]))
-    cc = stage("cc", lambda: components.connected_components(work, config.num_partitions, run_tasks, KEY_BITS))
+    cc = stage("cc", lambda: components.connected_components(work, job.num_partitions, run_tasks, KEY_BITS))
     stage("clusters", lambda: _clusters(job, run_tasks))
     written = stage("write", lambda: _map_splits(_write_split, job, job.split_indices))
 

@@ -38,7 +38,7 @@ def _run(inputs: Path, out: Path) -> list[dict[str, Any]]:
 def baseline(inputs: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         return _run(inputs, tmp_path_factory.mktemp("two-cpus") / "corpus")
     finally:
@@ -48,7 +48,7 @@ def baseline(inputs: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dic
 def test_one_cpu_gives_the_same_shards(inputs: Path, baseline: list[dict[str, Any]], tmp_path: Path) -> None:
     import ray
 
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         assert _run(inputs, tmp_path / "corpus") == baseline
     finally:

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(240)
 def ray_local() -> Iterator[None]:
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -67,7 +67,7 @@ def test_driver_killed_in_two_stages_then_rerun_gives_the_identical_corpus(tmp_p
     work = out / "_work"
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         run_dedup(DedupConfig(inputs=[str(inputs)], output=str(reference), split_bytes=SPLIT_BYTES,
                               num_partitions=PARTITIONS))
