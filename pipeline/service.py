@@ -124,14 +124,14 @@ class LiveIndex:
     def candidates(self, bands: np.ndarray) -> np.ndarray:
         """Every document sharing at least one band hash with ``bands`` (one document's row)."""
         found: list[np.ndarray] = []
-        for band, value in enumerate(bands.tolist()):
+        for band, value in enumerate(np.asarray(bands, dtype=np.uint64)):  # uint64 scalars: exact comparisons
             if self.base_count:
                 keys = self._base_keys[band]
                 lo = np.searchsorted(keys, value, "left")
                 hi = np.searchsorted(keys, value, "right")
                 if hi > lo:
                     found.append(self._base_docs[band][lo:hi])
-            added = self._added[band].get(value)
+            added = self._added[band].get(int(value))
             if added:
                 found.append(np.asarray(added, dtype=np.int64))
         if not found:
