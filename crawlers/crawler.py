@@ -18,7 +18,7 @@ import random
 import signal
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -37,6 +37,7 @@ log = logging.getLogger("gristmill.crawl")
 
 _ROBOTS = object()  # the dispatch token for "fetch this host's robots.txt first"
 STATE_FILE = "frontier.sqlite"
+HOST_WINDOW = 32  # queued URLs per host held in memory; the rest wait on disk in the frontier
 
 
 @dataclass
@@ -152,6 +153,7 @@ class _Host:
     parked: str | None = None
     park_outcome: str | None = None
     version: int = 0
+    due: float | None = None
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -191,6 +193,7 @@ class Crawler:
             state_dir = os.path.join(output.removeprefix("file://"), ".crawl")
         os.makedirs(state_dir, exist_ok=True)
         self.state_path = os.path.join(state_dir, STATE_FILE)
+        self.frontier = Frontier(self.state_path, self.config.synchronous)
         self._hosts: dict[int, _Host] = {}
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = itertools.count()
@@ -218,7 +221,6 @@ class Crawler:
     async def run(self) -> CrawlSummary:
         cfg = self.config
         started = time.monotonic()
-        self.frontier = Frontier(self.state_path, cfg.synchronous)
         self.committer = Committer(self.output, self.frontier, shard_bytes=cfg.shard_bytes,
                                    row_group_bytes=cfg.row_group_bytes, warc=cfg.warc,
                                    storage_options=cfg.storage_options)
@@ -270,6 +272,20 @@ class Crawler:
                 self.frontier.close()
         return summary
 
+    def enqueue(self, urls: Iterable[str], depth: int = 0) -> int:
+        """Admit more URLs (seed-like: in scope, under the trap limits); returns how many were new."""
+        added = 0
+        with self.frontier.transaction():
+            for raw in urls:
+                try:
+                    url = normalize_url(raw)
+                except BadURL as exc:
+                    self._error(f"seed {exc}")
+                    continue
+                self._scope.add(host_of(url))
+                added += self._admit(url, depth) is None
+        return added
+
     # -- admission ---------------------------------------------------------------------------
     def _admit_seeds(self) -> None:
         with self.frontier.transaction():
@@ -306,7 +322,7 @@ class Crawler:
         if host.parked:
             self.frontier.park_host(host.id, host.parked, host.park_outcome)
             return None
-        if host.exhausted and len(host.queue) < 256 and not host.parked:
+        if host.exhausted and len(host.queue) < HOST_WINDOW and not host.parked:
             host.queue.append(request)
             host.cursor = request.rowid
         else:
@@ -330,11 +346,11 @@ class Crawler:
     def _refill(self, host: _Host) -> None:
         if host.queue or host.exhausted:
             return
-        batch = self.frontier.load(host.id, host.cursor, 256)
+        batch = self.frontier.load(host.id, host.cursor, HOST_WINDOW)
         host.queue.extend(batch)
         if batch:
             host.cursor = batch[-1].rowid
-        host.exhausted = len(batch) < 256
+        host.exhausted = len(batch) < HOST_WINDOW
 
     # -- scheduling --------------------------------------------------------------------------
     def _schedule(self, host: _Host, at: float | None = None) -> None:
@@ -347,7 +363,10 @@ class Crawler:
         when = host.next_at if at is None else max(at, host.next_at)
         if not host.queue and host.retries:
             when = max(when, host.retries[0][0])
+        if host.due is not None and host.due <= when:
+            return  # an earlier entry is live; the host is re-examined when it fires
         host.version += 1
+        host.due = when
         heapq.heappush(self._heap, (when, next(self._seq), host.version, host.id))
         self._wake.set()
 
@@ -382,6 +401,7 @@ class Crawler:
                 if version != host.version:
                     continue
                 host.version += 1
+                host.due = None
                 request = self._take(host, now)
                 if request is not None:
                     return host, request

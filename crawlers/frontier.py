@@ -26,8 +26,7 @@ KIND_PAGE, KIND_SITEMAP = 0, 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS hosts (
-    id INTEGER PRIMARY KEY, origin TEXT UNIQUE NOT NULL, admitted INTEGER NOT NULL DEFAULT 0,
-    parked TEXT);
+    id INTEGER PRIMARY KEY, origin TEXT UNIQUE NOT NULL, parked TEXT);
 CREATE TABLE IF NOT EXISTS urls (
     id INTEGER PRIMARY KEY, url TEXT UNIQUE NOT NULL, host INTEGER NOT NULL, depth INTEGER NOT NULL,
     kind INTEGER NOT NULL, state INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0,
@@ -74,12 +73,14 @@ class Frontier:
         self._admitted: dict[int, int] = {}
         self._origins: dict[int, str] = {}
         self._parked: dict[int, str] = {}
-        for host_id, origin, admitted, parked in self.db.execute("SELECT id, origin, admitted, parked FROM hosts"):
+        for host_id, origin, parked in self.db.execute("SELECT id, origin, parked FROM hosts"):
             self._hosts[origin] = host_id
             self._origins[host_id] = origin
-            self._admitted[host_id] = admitted
+            self._admitted[host_id] = 0
             if parked is not None:
                 self._parked[host_id] = parked
+        for host_id, admitted in self.db.execute("SELECT host, COUNT(*) FROM urls GROUP BY host"):
+            self._admitted[host_id] = admitted
         self._in_transaction = False
 
     # -- transactions --------------------------------------------------------------------------
@@ -158,7 +159,6 @@ class Frontier:
         if row is None:
             return None
         self._admitted[host_id] += 1
-        self.db.execute("UPDATE hosts SET admitted = admitted + 1 WHERE id = ?", (host_id,))
         return Request(row[0], url, host_id, depth, kind, 0, via, hops)
 
     def seen(self, url: str) -> bool:

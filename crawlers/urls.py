@@ -8,6 +8,7 @@ must be the same URL.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit, urlunsplit
 
 import xxhash
@@ -25,6 +26,8 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 _SAFE_PATH = "/%:@!$&'()*+,;=-._~"
 _SAFE_QUERY = "/?:@!$'()*+,;-._~"
 _PERCENT = re.compile(r"%[0-9a-fA-F]{2}")
+# Already-canonical shapes (lower-case host, no query, fragment, escapes or dot segments) skip parsing.
+_FAST = re.compile(r"(https?)://([a-z0-9-]+(?:\.[a-z0-9-]+)*)(?::([0-9]{1,5}))?(/[A-Za-z0-9\-_~!$&'()*+,;=:@/.]*)?")
 
 
 class BadURL(ValueError):
@@ -59,6 +62,18 @@ def normalize_url(url: str, base: str | None = None) -> str:
     text = url.strip()
     if base is not None:
         text = urljoin(base, text)
+    return _normalize_absolute(text, url)
+
+
+@lru_cache(maxsize=16384)
+def _normalize_absolute(text: str, url: str) -> str:
+    fast = _FAST.fullmatch(text)
+    if fast is not None and "/." not in (fast.group(4) or ""):
+        scheme, host, port, path = fast.groups()
+        if port is not None and int(port) != _DEFAULT_PORTS[scheme] and 0 < int(port) < 65536:
+            return f"{scheme}://{host}:{int(port)}{path or '/'}"
+        if port is None or int(port) == _DEFAULT_PORTS[scheme]:
+            return f"{scheme}://{host}{path or '/'}"
     try:
         parts = urlsplit(text)
         port = parts.port
