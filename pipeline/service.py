@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hmac
 import ipaddress
 import json
@@ -234,49 +235,63 @@ class InsertLog:
         return LOG_MAGIC + struct.pack("<I", len(meta)) + meta
 
     def replay(self) -> Iterator[LogRecord]:
-        """Yield every intact record, cut a torn tail off, and leave the log open for appending."""
+        """Lock the log, yield every intact record, cut a torn tail off, and keep it open for appending.
+
+        The lock (``flock``, released by the kernel when the process dies) keeps a second server or an
+        ``--export`` from reading, or cutting, a log that a live server is appending to.
+        """
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._file = open(self.path, "a+b", buffering=0)  # noqa: SIM115 - held open for the service's life
+        try:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.close()
+            raise LogError(f"{self.path}: in use by another gristmill serve; stop it first") from None
         header = self._header()
-        if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            with open(self.path, "wb") as handle:
-                handle.write(header)
-                handle.flush()
-                os.fsync(handle.fileno())
+        size = os.fstat(self._file.fileno()).st_size
+        if size == 0:
+            self._file.write(header)
+            os.fsync(self._file.fileno())
             _fsync_dir(self.path)
-        with open(self.path, "rb") as handle:
-            data = handle.read()
-        if not data.startswith(LOG_MAGIC):
+            size = len(header)
+        with open(self.path, "rb") as reader:
+            self._check_header(reader.read(len(header)), header)
+            offset = len(header)
+            while offset < size:
+                try:
+                    length, digest = _RECORD_HEAD.unpack(reader.read(_RECORD_HEAD.size))
+                    payload = reader.read(length)
+                    if len(payload) != length or xxhash.xxh3_64_intdigest(payload) != digest:
+                        raise ValueError("checksum mismatch or short record")
+                    record = LogRecord.decode(payload, self.params.num_perm)
+                except (struct.error, ValueError, UnicodeDecodeError) as exc:
+                    log.warning("%s: cutting %d bytes after offset %d (%s); records before it are kept",
+                                self.path, size - offset, offset, exc)
+                    break
+                yield record
+                offset += _RECORD_HEAD.size + length
+        if offset < size:
+            self._file.truncate(offset)
+            os.fsync(self._file.fileno())
+        self.written = self.durable = offset
+
+    def _check_header(self, found: bytes, expected: bytes) -> None:
+        if not found.startswith(LOG_MAGIC):
+            self.close()
             raise LogError(f"{self.path}: not a gristmill dedup log (bad magic)")
-        if not data.startswith(header):
+        if found != expected:
+            with open(self.path, "rb") as handle:
+                start = handle.read(len(LOG_MAGIC) + 4 + 65536)
             try:
-                (meta_len,) = struct.unpack_from("<I", data, len(LOG_MAGIC))
-                theirs = json.loads(data[len(LOG_MAGIC) + 4 : len(LOG_MAGIC) + 4 + meta_len])
+                (meta_len,) = struct.unpack_from("<I", start, len(LOG_MAGIC))
+                theirs = json.loads(start[len(LOG_MAGIC) + 4 : len(LOG_MAGIC) + 4 + meta_len])
             except (struct.error, ValueError):
                 theirs = "unreadable"
+            self.close()
             raise LogError(
                 f"{self.path}: written for index parameters {theirs}, but the index loaded has "
                 f"{params_to_dict(self.params)}; use another --state folder or the matching index"
             )
-        offset = len(header)
-        while offset < len(data):
-            try:
-                length, digest = _RECORD_HEAD.unpack_from(data, offset)
-                payload = data[offset + _RECORD_HEAD.size : offset + _RECORD_HEAD.size + length]
-                if len(payload) != length or xxhash.xxh3_64_intdigest(payload) != digest:
-                    raise ValueError("checksum mismatch or short record")
-                record = LogRecord.decode(payload, self.params.num_perm)
-            except (struct.error, ValueError, UnicodeDecodeError) as exc:
-                log.warning("%s: cutting %d bytes after offset %d (%s); records before it are kept",
-                            self.path, len(data) - offset, offset, exc)
-                break
-            yield record
-            offset += _RECORD_HEAD.size + length
-        if offset < len(data):
-            with open(self.path, "r+b") as handle:
-                handle.truncate(offset)
-                os.fsync(handle.fileno())
-        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open for the service's life
-        self.written = self.durable = offset
 
     def append(self, records: Sequence[LogRecord]) -> int:
         """Write records (not yet durable); returns the log offset a caller must :meth:`sync` to."""
@@ -563,9 +578,9 @@ async def serve_forever(
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    bound = site._server.sockets[0].getsockname()  # port 0 picks a free port; report the real one
+    port = runner.addresses[0][1]  # port 0 picks a free port; report the real one
     if ready is not None:
-        ready(f"http://{host if ':' not in host else f'[{host}]'}:{bound[1]}")
+        ready(f"http://{host if ':' not in host else f'[{host}]'}:{port}")
     try:
         await asyncio.Event().wait()
     finally:

@@ -219,7 +219,7 @@ def test_token_is_required_when_set(tmp_path: Path) -> None:
 
 # -- durability ---------------------------------------------------------------------------------
 @pytest.mark.timeout(120)
-def test_every_acknowledged_insert_survives_sigkill(tmp_path: Path) -> None:
+def test_every_acknowledged_insert_survives_sigkill(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     state = tmp_path / "state"
     srv = start_server(state)
     acked: dict[str, str] = {}
@@ -246,6 +246,9 @@ def test_every_acknowledged_insert_survives_sigkill(tmp_path: Path) -> None:
     while len(acked) < 60:
         assert srv.proc.poll() is None
         threading.Event().wait(0.05)
+    # the live server holds the log: an export (or a second server) is refused, not let in to cut it
+    assert main(["serve", "--state", str(state), "--export", str(tmp_path / "export")]) == 2
+    assert "in use by another gristmill serve" in capsys.readouterr().err
     srv.stop(signal.SIGKILL)  # while the writers still have requests in flight
     stop.set()
     for t in threads:
