@@ -694,8 +694,9 @@ def run_dedup(config: DedupConfig) -> dict[str, Any]:
     if not ray.is_initialized():
         # RAY_ADDRESS (set by `ray job submit`) joins that cluster; otherwise start a private local Ray
         # rather than attach to whatever cluster this machine happens to run.
-        ray.init(address=os.environ.get("RAY_ADDRESS") or "local", logging_level=logging.WARNING,
-                 log_to_driver=False)
+        address = os.environ.get("RAY_ADDRESS") or "local"
+        local = {"include_dashboard": False} if address == "local" else {}  # the dashboard costs seconds
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
     import ray.data
 
     logging.getLogger("ray.data").setLevel(logging.WARNING)

@@ -111,7 +111,7 @@ def classify(path: str) -> tuple[str, str | None] | None:
     return None
 
 
-def _protocol_prefix(fs: fsspec.AbstractFileSystem, url: str) -> str:
+def _protocol_prefix(url: str) -> str:
     scheme = urlsplit(url).scheme
     return f"{scheme}://" if scheme and len(scheme) > 1 else ""
 
@@ -121,8 +121,8 @@ def resolve_inputs(inputs: Sequence[str], storage_options: Mapping[str, Any] | N
     found: dict[str, InputFile] = {}
     for spec in inputs:
         fs, _ = fsspec.core.url_to_fs(spec, **dict(storage_options or {}))
-        prefix = _protocol_prefix(fs, spec)
-        paths = _expand(fs, spec)
+        prefix = _protocol_prefix(spec)
+        paths = _expand(fs, spec, storage_options)
         if not paths:
             raise InputError(f"{spec}: matches no Parquet, JSONL or WARC file")
         for path, size in paths:
@@ -134,13 +134,14 @@ def resolve_inputs(inputs: Sequence[str], storage_options: Mapping[str, Any] | N
     return [found[url] for url in sorted(found)]
 
 
-def _expand(fs: fsspec.AbstractFileSystem, spec: str) -> list[tuple[str, int]]:
+def _expand(fs: fsspec.AbstractFileSystem, spec: str,
+            storage_options: Mapping[str, Any] | None) -> list[tuple[str, int]]:
     """(path, size) of every candidate file an INPUT names; a corpus folder yields its manifest's shards."""
-    _, path = fsspec.core.url_to_fs(spec)
+    _, path = fsspec.core.url_to_fs(spec, **dict(storage_options or {}))
     if fs.isdir(path):
         if fs.exists(posixpath.join(path, MANIFEST_NAME)):
             try:
-                corpus = Corpus.open(spec)
+                corpus = Corpus.open(spec, storage_options)
             except CorpusError as exc:
                 raise InputError(str(exc)) from None
             return [(corpus.shard_path(s), s.bytes) for s in corpus.shards]
