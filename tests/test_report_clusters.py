@@ -216,3 +216,13 @@ def test_side_by_side_marks_moved_paragraphs_once_per_side() -> None:
     assert markers.count("m") == 2 and "-" not in markers and "+" not in markers and "~" not in markers
     moved = [line for line in lines if line.startswith("m")]
     assert {"left" if line.split("│")[0][2:].strip() else "right" for line in moved} == {"left", "right"}
+
+
+def test_report_command_line(dedup_output, tmp_path, capsys) -> None:
+    from pipeline.report import main
+
+    corpus_url, removed_url = dedup_output
+    target = tmp_path / "out.html"
+    assert main([corpus_url, "-o", str(target)]) == 0 and target.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert main([removed_url, "-o", str(tmp_path / "x.html")]) == 2  # the removed corpus carries no statistics
+    assert "the manifest holds no statistics" in capsys.readouterr().err
