@@ -15,6 +15,7 @@ from .lsh import (
     estimated_jaccard,
     optimal_bands,
     s_curve,
+    verify_edges,
 )
 from .minhash import DEFAULT_SEED, MERSENNE_61, SENTINEL, MinHasher
 from .normalize import NO_SPACE_RANGES, NormalizeOptions, content_hash, content_hashes, normalize
@@ -43,4 +44,5 @@ __all__ = [
     "normalize",
     "optimal_bands",
     "s_curve",
+    "verify_edges",
 ]

@@ -8,6 +8,17 @@ import pyarrow as pa
 from . import _kernels as K
 
 
+def key_positions(sorted_keys: np.ndarray, wanted: np.ndarray, what: str) -> np.ndarray:
+    """Positions of ``wanted`` int64 keys in ``sorted_keys``; a missing key is a KeyError naming it."""
+    wanted = np.asarray(wanted, dtype=np.int64)
+    index = np.searchsorted(sorted_keys, wanted)
+    found = index < sorted_keys.size
+    found[found] = sorted_keys[index[found]] == wanted[found]
+    if not found.all():
+        raise KeyError(f"{what} holds keys that are not documents, e.g. {int(wanted[~found][0])}")
+    return index
+
+
 class UnionFind:
     """Disjoint sets over a fixed set of int64 document keys, fed with edges batch by batch.
 
@@ -22,19 +33,10 @@ class UnionFind:
             raise ValueError("document keys must be unique")
         self._parent = np.arange(self._keys.size, dtype=np.int64)
 
-    def _index(self, keys: np.ndarray, what: str) -> np.ndarray:
-        keys = np.asarray(keys, dtype=np.int64)
-        index = np.searchsorted(self._keys, keys)
-        found = index < self._keys.size
-        found[found] = self._keys[index[found]] == keys[found]
-        if not found.all():
-            raise KeyError(f"{what} holds keys that are not documents, e.g. {int(keys[~found][0])}")
-        return index
-
     def union(self, left: np.ndarray, right: np.ndarray) -> UnionFind:
         """Merge the sets of ``left[i]`` and ``right[i]`` for every i; returns self."""
-        left_index = self._index(left, "left")
-        right_index = self._index(right, "right")
+        left_index = key_positions(self._keys, left, "left")
+        right_index = key_positions(self._keys, right, "right")
         if left_index.shape != right_index.shape:
             raise ValueError(f"left and right differ in length: {left_index.size} and {right_index.size}")
         K.union_edges(self._parent, left_index, right_index)
@@ -45,7 +47,7 @@ class UnionFind:
         root_keys = self._keys[K.roots(self._parent)]
         if keys is None:
             return root_keys
-        return root_keys[self._index(keys, "keys")]
+        return root_keys[key_positions(self._keys, keys, "keys")]
 
 
 def connected_components(keys: np.ndarray, left: np.ndarray, right: np.ndarray) -> np.ndarray:

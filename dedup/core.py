@@ -17,6 +17,7 @@ from .lsh import (
     bucket_edges,
     estimated_jaccard,
     optimal_bands,
+    verify_edges,
 )
 from .minhash import DEFAULT_SEED, MinHasher
 from .normalize import (
@@ -110,7 +111,7 @@ def deduplicate(
     left, right = bucket_edges(keys, band_hashes(signatures, bands, rows))
     candidates = int(left.size)
     if verify and left.size:
-        close = estimated_jaccard(signatures[left], signatures[right]) >= threshold
+        close = verify_edges(keys, signatures, left, right, threshold)
         left, right = left[close], right[close]
     unique_label = connected_components(keys, left, right)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _kernels as K
+from .cluster import key_positions
 
 _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(128)
 
@@ -105,3 +106,20 @@ def estimated_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> np.ndarray:
     if sig_a.shape != sig_b.shape:
         raise ValueError(f"signature shapes differ: {sig_a.shape} and {sig_b.shape}")
     return (sig_a == sig_b).mean(axis=1)
+
+
+def verify_edges(
+    keys: np.ndarray, signatures: np.ndarray, left: np.ndarray, right: np.ndarray, threshold: float
+) -> np.ndarray:
+    """Mask of the edges whose two documents' estimated Jaccard reaches ``threshold``.
+
+    ``signatures[i]`` belongs to ``keys[i]``; edges name documents by key, as ``bucket_edges`` returns
+    them, so a distributed job can verify the edges of whatever documents it holds signatures for.
+    """
+    keys = np.asarray(keys, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    left_rows = order[key_positions(sorted_keys, left, "left")]
+    right_rows = order[key_positions(sorted_keys, right, "right")]
+    signatures = np.asarray(signatures)
+    return estimated_jaccard(signatures[left_rows], signatures[right_rows]) >= threshold

@@ -115,3 +115,17 @@ def test_candidate_rate_follows_the_s_curve() -> None:
         rate = np.count_nonzero(right - left == pairs) / pairs
         expected = dedup.s_curve(bands, rows, jaccard)
         assert abs(rate - expected) < 4 * np.sqrt(expected * (1 - expected) / pairs) + 1e-3
+
+
+def test_verify_edges_finds_signatures_by_key() -> None:
+    rng = np.random.default_rng(4)
+    signatures = rng.integers(0, 2**61 - 1, size=(5, 10), dtype=np.uint64)
+    signatures[3, :8] = signatures[0, :8]  # 0.8 similar
+    signatures[4, :5] = signatures[1, :5]  # 0.5 similar
+    keys = np.array([40, 10, 30, 20, 50], dtype=np.int64)  # row i belongs to keys[i], unsorted
+    left, right = np.array([20, 10, 30]), np.array([40, 50, 40])
+    assert dedup.verify_edges(keys, signatures, left, right, 0.8).tolist() == [True, False, False]
+    assert dedup.verify_edges(keys, signatures, left, right, 0.5).tolist() == [True, True, False]
+    assert dedup.verify_edges(keys, signatures, left[:0], right[:0], 0.8).size == 0
+    with pytest.raises(KeyError, match="right holds keys that are not documents, e.g. 99"):
+        dedup.verify_edges(keys, signatures, left, np.array([40, 99, 40]), 0.8)
