@@ -2,7 +2,7 @@
 
 Documents: every ``/usr/share/doc/*/copyright`` file (hundreds of licence texts, many near-identical)
 then the Python 3.11 documentation sources, all cut into pieces of at most 4,000 characters (real
-text on every Debian machine with ``python3.11-doc``). Two passes over the same documents in the same order:
+text on every Debian machine with ``python3.11-doc``). Two passes over the same documents, in order:
 
 1. ``check+add``: a fresh, empty index; each document is checked and inserted when new (what a crawler
    does). 2. ``check``: the same documents again, now all known (pure lookups).
@@ -12,7 +12,13 @@ requests in flight), the same service object in-process without HTTP (to show th
 and datasketch's ``MinHashLSH`` in a plain query/insert loop (``MinHash.update_batch`` over the same
 word 5-gram shingles). Every configuration runs ``--runs`` times; the medians are reported.
 
+``--base N`` first fills every system with N synthetic documents (200 random words from a 50,000-word
+vocabulary, unlike each other and the real ones): the service loads them as a corpus index written in
+the batch job's layout (``--index``); datasketch gets the same signatures inserted as ``MinHash``
+objects. "start s" is the time to get there (service over HTTP: process start to listening).
+
     .venv/bin/python benchmarks/service_load.py --runs 3
+    .venv/bin/python benchmarks/service_load.py --runs 3 --base 100000
 """
 
 from __future__ import annotations
@@ -57,14 +63,10 @@ def percentiles(latencies: list[float]) -> tuple[float, float]:
 
 
 # -- the service over HTTP ---------------------------------------------------------------------
-def start_service(state: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "serve", "--port", "0", "--state", state],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+def start_service(state: str, index: str | None) -> tuple[subprocess.Popen, str]:
+    extra = ["--index", index] if index else []
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--port", "0", "--state", state, *extra],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:
         if "listening on " in line:
@@ -75,12 +77,11 @@ def start_service(state: str) -> tuple[subprocess.Popen, str]:
 async def http_pass(url: str, docs: list[tuple[str, str]], batch: int, clients: int, add: bool) -> dict:
     import aiohttp
 
-    batches = [docs[i : i + batch] for i in range(0, len(docs), batch)]
+    queue: asyncio.Queue = asyncio.Queue()
+    for i in range(0, len(docs), batch):
+        queue.put_nowait(docs[i : i + batch])
     latencies: list[float] = []
     duplicates = 0
-    queue: asyncio.Queue = asyncio.Queue()
-    for item in batches:
-        queue.put_nowait(item)
 
     async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal duplicates
@@ -100,30 +101,31 @@ async def http_pass(url: str, docs: list[tuple[str, str]], batch: int, clients: 
     return {"docs_per_s": len(docs) / elapsed, "latencies": latencies, "duplicates": duplicates}
 
 
-def run_http(docs: list[tuple[str, str]], batch: int, clients: int) -> dict[str, dict]:
+def run_http(docs: list[tuple[str, str]], batch: int, clients: int, base: str | None) -> dict:
     with tempfile.TemporaryDirectory() as state:
-        proc, url = start_service(state)
+        started = time.perf_counter()
+        proc, url = start_service(state, base)
+        start_s = time.perf_counter() - started
         try:
-            asyncio.run(
-                http_pass(url, docs[:64], batch, clients, add=False)
-            )  # warm-up: connections, JIT cache
-            return {
-                "check+add": asyncio.run(http_pass(url, docs, batch, clients, add=True)),
-                "check": asyncio.run(http_pass(url, docs, batch, clients, add=False)),
-            }
+            asyncio.run(http_pass(url, docs[:64], batch, clients, add=False))  # warm-up: connections, caches
+            return {"start_s": start_s,
+                    "check+add": asyncio.run(http_pass(url, docs, batch, clients, add=True)),
+                    "check": asyncio.run(http_pass(url, docs, batch, clients, add=False))}
         finally:
             proc.terminate()
             proc.wait(timeout=30)
 
 
 # -- the same service in-process ---------------------------------------------------------------
-def run_in_process(docs: list[tuple[str, str]], batch: int) -> dict[str, dict]:
+def run_in_process(docs: list[tuple[str, str]], batch: int, base: str | None) -> dict:
     from pipeline.service import DedupService, Doc
-    from pipeline.service_index import params_for
+    from pipeline.service_index import load_index, params_for
 
-    out = {}
     with tempfile.TemporaryDirectory() as state:
-        service = DedupService(params_for(0.8, 128, 5), os.path.join(state, "inserts.log"))
+        started = time.perf_counter()
+        params, table = load_index(base) if base else (params_for(0.8, 128, 5), None)
+        service = DedupService(params, os.path.join(state, "inserts.log"), table)
+        out: dict = {"start_s": time.perf_counter() - started}
 
         async def one_pass(add: bool) -> dict:
             latencies, duplicates = [], 0
@@ -134,11 +136,8 @@ def run_in_process(docs: list[tuple[str, str]], batch: int) -> dict[str, dict]:
                 results = await service.handle(item, add)
                 latencies.append(time.perf_counter() - t0)
                 duplicates += sum(not r["new"] for r in results)
-            return {
-                "docs_per_s": len(docs) / (time.perf_counter() - started),
-                "latencies": latencies,
-                "duplicates": duplicates,
-            }
+            return {"docs_per_s": len(docs) / (time.perf_counter() - started), "latencies": latencies,
+                    "duplicates": duplicates}
 
         out["check+add"] = asyncio.run(one_pass(True))
         out["check"] = asyncio.run(one_pass(False))
@@ -147,13 +146,23 @@ def run_in_process(docs: list[tuple[str, str]], batch: int) -> dict[str, dict]:
 
 
 # -- datasketch --------------------------------------------------------------------------------
-def run_datasketch(docs: list[tuple[str, str]]) -> dict[str, dict]:
+def run_datasketch(docs: list[tuple[str, str]], base: str | None) -> dict:
     import re
 
     from datasketch import MinHash, MinHashLSH
 
     word = re.compile(r"\w+")
+    started = time.perf_counter()
     lsh = MinHashLSH(threshold=0.8, num_perm=128)
+    if base:
+        from pipeline.service_index import load_index
+
+        _, table = load_index(base)
+        with lsh.insertion_session() as session:
+            for doc_id, signature in zip(table.ids, table.signatures):
+                values = signature & np.uint64(0xFFFFFFFF)  # the default scheme's 32-bit value range
+                session.insert(doc_id, MinHash(num_perm=128, hashvalues=values, scheme="affine32"))
+    start_s = time.perf_counter() - started
 
     def minhash(text: str) -> MinHash:
         tokens = word.findall(text.lower())
@@ -168,24 +177,40 @@ def run_datasketch(docs: list[tuple[str, str]]) -> dict[str, dict]:
         for doc_id, text in docs:
             t0 = time.perf_counter()
             m = minhash(text)
-            found = lsh.query(m)
-            if found:
+            if lsh.query(m):
                 duplicates += 1
             elif add:
                 lsh.insert(doc_id, m)
             latencies.append(time.perf_counter() - t0)
-        return {
-            "docs_per_s": len(docs) / (time.perf_counter() - started),
-            "latencies": latencies,
-            "duplicates": duplicates,
-        }
+        return {"docs_per_s": len(docs) / (time.perf_counter() - started), "latencies": latencies,
+                "duplicates": duplicates}
 
-    return {"check+add": one_pass(True), "check": one_pass(False)}
+    return {"start_s": start_s, "check+add": one_pass(True), "check": one_pass(False)}
 
 
-def summarise(runs: list[dict[str, dict]]) -> dict[str, dict]:
-    """Medians over runs of throughput and of each run's p50 / p99."""
-    out = {}
+def build_base(count: int, folder: str) -> str:
+    """A corpus index of ``count`` synthetic documents in the batch job's layout; returns its path."""
+    from dedup.lsh import band_hashes
+    from dedup.normalize import content_hashes
+    from pipeline.service_index import SignatureTable, params_for, write_index
+
+    params = params_for(0.8, 128, 5)
+    hasher = params.hasher()
+    vocabulary = np.array([f"v{i}" for i in range(50_000)])
+    words = np.random.default_rng(0).integers(0, len(vocabulary), size=(count, 200))
+    texts = [" ".join(vocabulary[row]) for row in words]
+    signatures = np.concatenate([hasher.signatures(texts[i : i + 10_000]) for i in range(0, count, 10_000)])
+    table = SignatureTable(ids=[f"base-{i}" for i in range(count)], content_hashes=content_hashes(texts),
+                           lengths=np.array([len(t) for t in texts]), signatures=signatures,
+                           bands=band_hashes(signatures, params.bands, params.rows))
+    path = os.path.join(folder, "base")
+    write_index(path, params, table)
+    return path
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Medians over runs of start time, throughput and each run's p50 / p99."""
+    out: dict = {"start_s": statistics.median(r["start_s"] for r in runs)}
     for mode in ("check+add", "check"):
         p = [percentiles(r[mode]["latencies"]) for r in runs]
         out[mode] = {
@@ -198,47 +223,40 @@ def summarise(runs: list[dict[str, dict]]) -> dict[str, dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=3000, help="documents per pass (default %(default)s)")
     parser.add_argument("--runs", type=int, default=3, help="runs per configuration (default %(default)s)")
-    parser.add_argument(
-        "--clients", type=int, default=4, help="HTTP requests in flight (default %(default)s)"
-    )
+    parser.add_argument("--clients", type=int, default=4, help="HTTP requests in flight (default %(default)s)")
+    parser.add_argument("--base", type=int, default=0, help="synthetic documents loaded first (default 0)")
     args = parser.parse_args()
     docs = load_documents(args.docs)
-    print(
-        f"{len(docs)} documents, {sum(len(t) for _, t in docs) / 1e6:.1f} M characters; "
-        f"{args.runs} runs each; {os.cpu_count()} CPUs (shared)",
-        file=sys.stderr,
-    )
-
-    configs: list[tuple[str, str, Callable[[], dict[str, dict]]]] = [
-        ("gristmill serve, HTTP", "1", lambda: run_http(docs, 1, args.clients)),
-        ("gristmill serve, HTTP", "64", lambda: run_http(docs, 64, args.clients)),
-        ("gristmill DedupService, in-process", "1", lambda: run_in_process(docs, 1)),
-        ("gristmill DedupService, in-process", "64", lambda: run_in_process(docs, 64)),
-        ("datasketch MinHashLSH, in-process", "1 (loop)", lambda: run_datasketch(docs)),
-    ]
-    results = []
-    for name, batch, function in configs:
-        runs = [function() for _ in range(args.runs)]
-        results.append({"system": name, "batch": batch, **summarise(runs)})
-        print(f"done: {name} batch {batch}", file=sys.stderr)
+    print(f"{len(docs)} documents, {sum(len(t) for _, t in docs) / 1e6:.1f} M characters; base {args.base}; "
+          f"{args.runs} runs each; {os.cpu_count()} CPUs (shared)", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as scratch:
+        base = build_base(args.base, scratch) if args.base else None
+        configs: list[tuple[str, str, Callable[[], dict]]] = [
+            ("gristmill serve, HTTP", "1", lambda: run_http(docs, 1, args.clients, base)),
+            ("gristmill serve, HTTP", "64", lambda: run_http(docs, 64, args.clients, base)),
+            ("gristmill DedupService, in-process", "1", lambda: run_in_process(docs, 1, base)),
+            ("gristmill DedupService, in-process", "64", lambda: run_in_process(docs, 64, base)),
+            ("datasketch MinHashLSH, in-process", "1 (loop)", lambda: run_datasketch(docs, base)),
+        ]
+        results = []
+        for name, batch, function in configs:
+            runs = [function() for _ in range(args.runs)]
+            results.append({"system": name, "batch": batch, **summarise(runs)})
+            print(f"done: {name} batch {batch}", file=sys.stderr)
 
     baseline = {mode: results[-1][mode]["docs_per_s"] for mode in ("check+add", "check")}
-    print(
-        "| system | batch | mode | docs/s | vs datasketch | p50 ms / request | p99 ms / request | duplicates found |"
-    )
-    print("|---|---|---|---:|---:|---:|---:|---:|")
+    print("| system | batch | start s | mode | docs/s | vs datasketch | p50 ms / request | p99 ms / request "
+          "| duplicates found |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
     for row in results:
         for mode in ("check+add", "check"):
             r = row[mode]
-            print(
-                f"| {row['system']} | {row['batch']} | {mode} | {r['docs_per_s']:,.0f} | "
-                f"{r['docs_per_s'] / baseline[mode]:.2f}x | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['duplicates']} |"
-            )
+            print(f"| {row['system']} | {row['batch']} | {row['start_s']:.1f} | {mode} | {r['docs_per_s']:,.0f} | "
+                  f"{r['docs_per_s'] / baseline[mode]:.2f}x | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
+                  f"| {r['duplicates']} |")
     print(json.dumps(results), file=sys.stderr)
 
 
