@@ -369,7 +369,8 @@ class DedupService:
             self.counters.replayed += 1
 
     def fingerprints(self, docs: Sequence[Doc]) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """Exact hashes, signatures and band hashes of a batch (the CPU work, done outside :meth:`apply`)."""
+        """Exact hashes, signatures and band hashes of a whole batch, before any lookup: a bad document
+        rejects the batch before anything is inserted."""
         try:
             data, offsets = prepare([d.text for d in docs], self.hasher.normalize)
         except ValueError as exc:  # a lone surrogate that JSON let through
