@@ -135,6 +135,34 @@ def test_incremental_dedup_against_an_earlier_corpus_names_the_existing_match(
                               num_perm=64))
 
 
+def test_a_crawler_corpus_folder_is_an_input_and_its_provenance_is_kept(ray_local: None, tmp_path: Path) -> None:
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from pipeline.format import ShardWriter
+
+    schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("url", pa.string()), ("final_url", pa.string()),
+                        ("status", pa.int32()), ("fetch_time", pa.timestamp("ms", tz="UTC")), ("domain", pa.string()),
+                        ("language", pa.string()), ("content_hash", pa.string())])
+    texts = documents(10)
+    when = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.timezone.utc)
+    rows = [{"id": f"c{i}", "text": t, "url": f"http://a.example/{i}", "final_url": f"https://b.example/{i}",
+             "status": 200, "fetch_time": when, "domain": "b.example", "language": "en", "content_hash": "x"}
+            for i, t in enumerate(texts)]
+    crawl = str(tmp_path / "crawl")
+    writer = ShardWriter(crawl, schema, row_group_bytes=20_000, shard_bytes=40_000)
+    writer.write(rows)
+    writer.commit()
+    out = str(tmp_path / "out")
+    stats = run_dedup(DedupConfig(inputs=[crawl], output=out))
+    kept = _rows(out)
+    assert stats["documents"]["input"] == len(texts) and len(kept) == stats["documents"]["kept"] < len(texts)
+    assert all(r["source"].startswith("https://b.example/") and r["domain"] == "b.example" for r in kept)
+    assert all(r["language"] == "en" and r["fetch_time"] == when for r in kept)
+    assert stats["by_domain"]["b.example"]["input"] == len(texts)
+
+
 def test_cli_dedup_with_job_file_then_stats(ray_local: None, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     write_jsonl(tmp_path / "in.jsonl", documents(12), prefix="x")
     job = tmp_path / "job.toml"
