@@ -28,6 +28,8 @@ _BOMS = (
 )
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9._:-]+)""", re.IGNORECASE)
 MIN_LANGUAGE_CHARS = 20
+LANGUAGE_SAMPLE_CHARS = 1500  # enough for a stable answer; py3langid walks the sample byte by byte
+_NOT_LETTERS = re.compile(r"[\W\d_]+")
 MIN_LANGUAGE_CONFIDENCE = 0.5
 
 
@@ -101,8 +103,8 @@ def _identifier() -> Any:
 
 def detect_language(text: str) -> str:
     """ISO 639-1 code of ``text`` from the bundled py3langid model, or "und" when unsure or too short."""
-    sample = text[:20_000]
-    if sum(ch.isalpha() for ch in sample[:2000]) < MIN_LANGUAGE_CHARS:
+    sample = text[:LANGUAGE_SAMPLE_CHARS]
+    if len(_NOT_LETTERS.sub("", sample)) < MIN_LANGUAGE_CHARS:
         return "und"
     language, confidence = _identifier().classify(sample)
     return language if confidence >= MIN_LANGUAGE_CONFIDENCE else "und"

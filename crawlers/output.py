@@ -84,6 +84,18 @@ def _write_warc(handle: Any, records: list[tuple[dict[str, Any], bytes]]) -> Non
             writer.write_record(record)
 
 
+def _to_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Column by column, with fetch times as epoch milliseconds (no per-row datetime objects)."""
+    columns = {}
+    for field in RAW_CRAWL_SCHEMA:
+        values = [row[field.name] for row in rows]
+        if field.name == "fetch_time":
+            columns[field.name] = pa.array(values, pa.int64()).cast(field.type)
+        else:
+            columns[field.name] = pa.array(values, field.type)
+    return pa.table(columns, schema=RAW_CRAWL_SCHEMA)
+
+
 class Committer:
     """Moves pending results from the frontier into shards and publishes the manifest."""
 
@@ -126,9 +138,9 @@ class Committer:
                                  row_group_bytes=self.row_group_bytes, name_prefix=SHARD_PREFIX, run_id=run_id,
                                  storage_options=self.storage_options)
             rows = [row for _rowid, row, _blob in pending]
+            writer.write(_to_table(rows))
             for row in rows:
                 row["fetch_time"] = datetime.fromtimestamp(row["fetch_time"] / 1000, timezone.utc)
-            writer.write(rows)
             infos = [info.to_dict() for info in writer.close()]
             warc_name = None
             if self.warc:
