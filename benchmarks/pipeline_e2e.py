@@ -173,6 +173,16 @@ def run_datatrove(inputs: Path, work: Path) -> dict[str, Any]:
     return {"wall": wall, "peak": peak, "removed": ids}
 
 
+def _encode_strings_for_xxhash() -> None:
+    """datatrove 0.10.1 hands str to xxhash, which xxhash 4 refuses; encode first (its fastest hash,
+    as intended). The pools below fork, so the workers inherit this."""
+    import datatrove.utils.hashes.xxhash as shim
+    import xxhash
+
+    shim.xxhash32 = lambda data: xxhash.xxh32_intdigest(data.encode() if isinstance(data, str) else data)
+    shim.xxhash64 = lambda data: xxhash.xxh64_intdigest(data.encode() if isinstance(data, str) else data)
+
+
 def datatrove_job(inputs: str, work: str) -> None:
     """datatrove's four MinHash stages on LocalPipelineExecutor with 2 workers (runs in .venv-bench)."""
     from datatrove.executor import LocalPipelineExecutor
@@ -182,6 +192,7 @@ def datatrove_job(inputs: str, work: str) -> None:
     from datatrove.pipeline.writers import JsonlWriter
     from datatrove.utils.hashing import HashConfig
 
+    _encode_strings_for_xxhash()
     config = MinhashConfig(hash_config=HashConfig(precision=64), num_buckets=BANDS, hashes_per_bucket=ROWS,
                            n_grams=NGRAM)
     tasks = len(glob.glob(os.path.join(inputs, "*.jsonl")))
@@ -191,16 +202,17 @@ def datatrove_job(inputs: str, work: str) -> None:
         return JsonlReader(inputs, glob_pattern="*.jsonl", text_key="text", id_key="id")
 
     stage1 = LocalPipelineExecutor(pipeline=[reader(), MinhashDedupSignature(
-        output_folder=f"{work}/signatures", config=config)], tasks=tasks, workers=2, logging_dir=f"{logs}/1")
+        output_folder=f"{work}/signatures", config=config)], tasks=tasks, workers=2, logging_dir=f"{logs}/1", start_method="fork")
     stage2 = LocalPipelineExecutor(pipeline=[MinhashDedupBuckets(
         input_folder=f"{work}/signatures", output_folder=f"{work}/buckets", config=config)],
-        tasks=config.num_buckets, workers=2, logging_dir=f"{logs}/2", depends=stage1)
+        tasks=config.num_buckets, workers=2, logging_dir=f"{logs}/2", depends=stage1, start_method="fork")
     stage3 = LocalPipelineExecutor(pipeline=[MinhashDedupCluster(
         input_folder=f"{work}/buckets", output_folder=f"{work}/remove_ids", config=config)],
-        tasks=1, logging_dir=f"{logs}/3", depends=stage2)
+        tasks=1, logging_dir=f"{logs}/3", depends=stage2, start_method="fork")
     stage4 = LocalPipelineExecutor(pipeline=[reader(), MinhashDedupFilter(
         input_folder=f"{work}/remove_ids", exclusion_writer=JsonlWriter(f"{work}/removed", compression=None)),
-        JsonlWriter(f"{work}/kept")], tasks=tasks, workers=2, logging_dir=f"{logs}/4", depends=stage3)
+        JsonlWriter(f"{work}/kept")], tasks=tasks, workers=2, logging_dir=f"{logs}/4", depends=stage3,
+        start_method="fork")
     stage4.run()
 
 
