@@ -156,6 +156,22 @@ def _worker_info() -> Any:
     return get_worker_info()
 
 
+def _import_streaming() -> Any:
+    """mosaicml-streaming imports torchvision, which a CPU-only torch may lack: stand in for it then."""
+    try:
+        import streaming
+    except ImportError:
+        import types
+
+        for name in ("torchvision", "torchvision.datasets", "torchvision.transforms",
+                     "torchvision.transforms.functional"):
+            sys.modules[name] = types.ModuleType(name)
+        sys.modules["torchvision.datasets"].VisionDataset = object  # type: ignore[attr-defined]
+        sys.modules["torchvision.transforms.functional"].to_tensor = None  # type: ignore[attr-defined]
+        import streaming
+    return streaming
+
+
 def make_loader(tool: str, data: str, workers: int) -> tuple[Iterable[Any], Callable[[Any], list[str]]]:
     """The tool's loader over the prepared data and a function giving a batch's texts."""
     from torch.utils.data import DataLoader, IterableDataset
@@ -183,17 +199,7 @@ def make_loader(tool: str, data: str, workers: int) -> tuple[Iterable[Any], Call
 
         return DataLoader(Dataset(files, seed=0), batch_size=None, num_workers=workers), _identity
     if tool == "mosaic":
-        try:
-            import streaming
-        except ImportError:  # it imports torchvision, which a CPU-only torch may lack: stand in for it
-            import types
-
-            for name in ("torchvision", "torchvision.datasets", "torchvision.transforms",
-                         "torchvision.transforms.functional"):
-                sys.modules[name] = types.ModuleType(name)
-            sys.modules["torchvision.datasets"].VisionDataset = object  # type: ignore[attr-defined]
-            sys.modules["torchvision.transforms.functional"].to_tensor = None  # type: ignore[attr-defined]
-            import streaming
+        streaming = _import_streaming()
         from streaming.base.util import clean_stale_shared_memory
 
         clean_stale_shared_memory()
@@ -234,6 +240,8 @@ def import_tool(tool: str) -> None:
     """Import what a tool needs before the clock starts: time to first batch excludes import time."""
     import torch.utils.data  # noqa: F401
 
+    if tool == "mosaic":
+        _import_streaming()
     modules = {"gristmill": ["loaders", "loaders.torch_dataset"], "gristmill-tokens": ["loaders", "loaders.torch_dataset"],
                "pyarrow": ["pyarrow.parquet"], "mosaic": [], "litdata-optimize": ["litdata"],
                "litdata-parquet": ["litdata", "litdata.streaming.item_loader", "polars"]}[tool]
@@ -241,8 +249,14 @@ def import_tool(tool: str) -> None:
         __import__(module)
 
 
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def trial(tool: str, data: str, workers: int) -> dict[str, Any]:
     import_tool(tool)
+    cpu_before = _cpu_seconds()
     stop, peak = threading.Event(), [0]
     sampler = threading.Thread(target=_peak_memory, args=(stop, peak), daemon=True)
     sampler.start()
@@ -262,8 +276,7 @@ def trial(tool: str, data: str, workers: int) -> dict[str, Any]:
     seconds = time.perf_counter() - began
     stop.set()
     del loader
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    cpu = _cpu_seconds() - cpu_before  # workers are reaped by now (no persistent workers), so they count
     return {"tool": tool, "workers": workers, "seconds": seconds, "first_batch": first, "docs": docs,
             "chars": chars, "tokens": tokens, "cpu": cpu, "peak_bytes": peak[0]}
 

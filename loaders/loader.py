@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (imported up front: its first import inside a batch costs seconds under load)
 
 from loaders.blocks import BlockSource, Counters, DiskCache
 from loaders.plan import EpochOrder, Generation, Split, StreamSpec, consumed_by_batches, plan_generation
@@ -352,10 +353,16 @@ def _arrow_batch(window: Window, blocks: np.ndarray, rows: np.ndarray) -> pa.Tab
     done = 0
     for block in np.unique(blocks):
         where = np.flatnonzero(blocks == block)
-        pieces.append(window.data[int(block)].take(pa.array(rows[where])))
+        pieces.append(window.data[int(block)].take(_indices(rows[where])))
         order[where] = np.arange(done, done + len(where))
         done += len(where)
-    return pa.concat_tables(pieces).combine_chunks().take(pa.array(order))
+    return pa.concat_tables(pieces).combine_chunks().take(_indices(order))
+
+
+def _indices(values: np.ndarray) -> pa.Array:
+    """An int64 Arrow array over a NumPy array without ``pa.array``, whose first call imports pandas."""
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
 
 
 _Packed = tuple[np.ndarray, np.ndarray, tuple[int, int], np.ndarray]

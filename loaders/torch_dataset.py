@@ -13,6 +13,8 @@ import copy
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -26,6 +28,7 @@ class StreamingDataset(IterableDataset):
     def __init__(self, url: str, **loader_args: Any) -> None:
         super().__init__()
         self.loader = StreamingLoader(url, **loader_args)
+        self.shared_text = False  # set by StreamingDataLoader: ship text to the main process as bytes
 
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)
@@ -40,7 +43,13 @@ class StreamingDataset(IterableDataset):
             loader.num_workers = workers  # a plain DataLoader: split correctly, resume state is not tracked
         # After a resume, DataLoader asks worker 0 first; it continues the stream whose batch is next.
         loader.worker_id = ((info.id if info is not None else 0) + self.loader._batches) % loader.num_workers
+        shared = self.shared_text and info is not None and loader.seq_len is None and loader.output == "python"
+        if shared:
+            loader.output = "arrow"
         for batch in loader:
+            if shared:
+                yield {_SHARED: _to_shared(batch)}
+                continue
             if "tokens" in batch:
                 batch = dict(batch, tokens=torch.from_numpy(batch["tokens"]),
                              segment_ids=torch.from_numpy(batch["segment_ids"]))
@@ -54,11 +63,14 @@ class StreamingDataLoader(DataLoader):
         if kwargs.pop("batch_size", None) not in (None,):
             raise ValueError("the dataset yields whole batches; set batch_size on the dataset, not here")
         dataset.loader.num_workers = max(1, num_workers)
+        dataset.shared_text = num_workers > 0
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
         self.stream = dataset.loader
 
     def __iter__(self) -> Iterator[Any]:
         for batch in super().__iter__():
+            if isinstance(batch, Mapping) and _SHARED in batch:
+                batch = _from_shared(batch[_SHARED])
             self.stream._batches += 1
             if isinstance(batch, Mapping) and "position" in batch:
                 streams = list(self.stream._streams or [(0, 0)] * self.stream.num_workers)
@@ -77,3 +89,41 @@ class StreamingDataLoader(DataLoader):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.stream.load_state_dict(state)
 
+
+
+_SHARED = "__gristmill_shared__"
+
+
+def _to_shared(table: pa.Table) -> dict[str, Any]:
+    """A worker's document batch with each text column as two byte strings: UTF-8 data and offsets.
+
+    Pickling Python strings to hand them to the main process costs a UTF-8 encode per string in the
+    worker and, far worse, a decode per string in the main process; bytes pickle as plain copies, and
+    the main process then makes its strings with one Arrow ``to_pylist`` (which is fast).
+    """
+    out: dict[str, Any] = {}
+    for name in table.column_names:
+        column = table.column(name).combine_chunks()
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)) or column.null_count:
+            out[name] = column.to_pylist()
+            continue
+        array = column.cast(pa.large_string())
+        _, offsets_buffer, data_buffer = array.buffers()
+        offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[array.offset: array.offset + len(array) + 1]
+        start, end = int(offsets[0]), int(offsets[-1])
+        data = memoryview(data_buffer)[start:end].tobytes() if end > start else b""
+        out[name] = {"offsets": (offsets - start).tobytes(), "utf8": data}
+    return out
+
+
+def _from_shared(columns: Mapping[str, Any]) -> dict[str, list]:
+    """Python lists again, made by Arrow straight from the bytes."""
+    out: dict[str, list] = {}
+    for name, value in columns.items():
+        if isinstance(value, Mapping):
+            offsets = value["offsets"]
+            array = pa.LargeStringArray.from_buffers(len(offsets) // 8 - 1, pa.py_buffer(offsets),
+                                                     pa.py_buffer(value["utf8"]))
+            value = array.to_pylist()
+        out[name] = value
+    return out
