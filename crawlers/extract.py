@@ -121,6 +121,13 @@ def process_document(html: str, url: str | None) -> tuple[str, str]:
     return text, detect_language(text)
 
 
+def _prepare_worker() -> None:
+    """Load trafilatura and the language model once per worker, outside any document's time limit."""
+    import trafilatura  # noqa: F401
+
+    _identifier()
+
+
 class ExtractionTimeout(Exception):
     """A document took longer than the per-document limit; its worker was killed."""
 
@@ -132,7 +139,7 @@ class ExtractionPool:
         from pebble import ProcessPool
 
         self.timeout = timeout
-        self._pool = ProcessPool(max_workers=max(1, workers), max_tasks=500,
+        self._pool = ProcessPool(max_workers=max(1, workers), max_tasks=500, initializer=_prepare_worker,
                                  context=multiprocessing.get_context("forkserver"))
 
     async def process(self, html: str, url: str) -> tuple[str, str]:

@@ -269,8 +269,9 @@ def test_politeness_is_visible_at_the_server(servers: ServerThread, tmp_path) ->
 
         site.default = slow_page
         site.page("/robots.txt", "User-agent: *\nAllow: /\n", content_type="text/plain")
-    crawl_sites(tmp_path, [s.url("/") for s in sites], sites, per_host_concurrency=2, min_delay=0.2,
-                concurrency=16, adaptive=False)
+    reports: list[dict[str, object]] = []
+    summary = crawl_sites(tmp_path, [s.url("/") for s in sites], sites, per_host_concurrency=2, min_delay=0.2,
+                          concurrency=16, adaptive=False, progress_interval=0.3, on_progress=reports.append)
     for site in sites:
         assert site.peak_in_flight <= 2
         starts = site.times()
@@ -278,6 +279,9 @@ def test_politeness_is_visible_at_the_server(servers: ServerThread, tmp_path) ->
         gaps = [b - a for a, b in zip(starts, starts[1:])]
         assert min(gaps) >= 0.16, (site.name, min(gaps))  # 0.2 s, less connection set-up jitter
     assert everywhere["peak"] >= 3  # hosts are crawled at the same time, each at its own pace
+    assert reports and {"pages_per_s", "bytes", "queued", "status_counts", "in_flight", "slowest_hosts"} <= set(reports[-1])
+    assert all(delays["delay_s"] >= 0.2 for delays in reports[-1]["slowest_hosts"].values())  # type: ignore[union-attr]
+    assert summary.status_counts == {"200": 39} and summary.documents == 39 and summary.requests == 42  # + robots.txt
 
 
 def test_errors_slow_a_host_down_and_a_hopeless_host_is_parked(servers: ServerThread, tmp_path) -> None:

@@ -179,3 +179,25 @@ def test_config_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="follow"):
         CrawlConfig(follow="everywhere")
     assert CrawlConfig(proxies=("http://p:1,region=de",)).proxies[0].region == "de"
+
+
+def test_extraction_pool_kills_a_document_that_overruns_and_keeps_working() -> None:
+    import asyncio
+
+    from crawlers.extract import ExtractionPool, ExtractionTimeout
+
+    pathological = "<html><body>" + "<div><p>deep " * 20_000 + "</p></div>" * 20_000 + "</body></html>"
+    normal = "<html><body><article><p>" + "A perfectly ordinary paragraph about bridges. " * 20 + "</p></article></body></html>"
+
+    async def run() -> tuple[str, str]:
+        pool = ExtractionPool(workers=1, timeout=0.3)
+        try:
+            await pool.process(normal, "http://warm.example/")  # worker started and trafilatura imported
+            with pytest.raises(ExtractionTimeout, match="http://slow.example/: extraction took longer than 0.3s"):
+                await pool.process(pathological * 3, "http://slow.example/")
+            return await pool.process(normal, "http://after.example/")
+        finally:
+            pool.close()
+
+    text, language = asyncio.run(run())
+    assert "ordinary paragraph about bridges" in text and language == "en"
