@@ -305,6 +305,8 @@ class Crawler:
                scoped: bool = True) -> str | None:
         """Add a discovered URL under the trap limits; returns why it was refused, or None."""
         cfg = self.config
+        if self.frontier.recently_seen(url):
+            return "seen"
         if len(url) > cfg.max_url_length:
             return "url too long"
         if depth > cfg.max_depth:

@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS results (
 CREATE TABLE IF NOT EXISTS shards (name TEXT PRIMARY KEY, info TEXT NOT NULL, warc TEXT);
 """
 
+RECENT_URLS = 50_000
 RESULT_COLUMNS = ("id", "text", "url", "final_url", "status", "fetch_time", "domain", "language",
                   "content_hash", "depth", "encoding")
 
@@ -82,6 +83,7 @@ class Frontier:
         for host_id, admitted in self.db.execute("SELECT host, COUNT(*) FROM urls GROUP BY host"):
             self._admitted[host_id] = admitted
         self._in_transaction = False
+        self._recent: set[str] = set()  # URLs known to be in the table: repeated links skip SQLite
 
     # -- transactions --------------------------------------------------------------------------
     @contextmanager
@@ -152,14 +154,23 @@ class Frontier:
     def add(self, url: str, origin: str, depth: int, kind: int = KIND_PAGE, via: str | None = None,
             hops: int = 0) -> Request | None:
         """Admit ``url`` if never seen; returns the new request or None if it was already known."""
+        if self.recently_seen(url):
+            return None
         host_id = self.host_id(origin)
         row = self.db.execute(
             "INSERT INTO urls(url, host, depth, kind, via, hops) VALUES (?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(url) DO NOTHING RETURNING id", (url, host_id, depth, kind, via, hops)).fetchone()
+        if len(self._recent) >= RECENT_URLS:
+            self._recent.clear()
+        self._recent.add(url)
         if row is None:
             return None
         self._admitted[host_id] += 1
         return Request(row[0], url, host_id, depth, kind, 0, via, hops)
+
+    def recently_seen(self, url: str) -> bool:
+        """A cheap, partial seen check (a bounded in-memory set); False means "ask the table"."""
+        return url in self._recent
 
     def seen(self, url: str) -> bool:
         return self.db.execute("SELECT 1 FROM urls WHERE url = ?", (url,)).fetchone() is not None

@@ -86,14 +86,14 @@ def _write_warc(handle: Any, records: list[tuple[dict[str, Any], bytes]]) -> Non
 
 def _to_table(rows: list[dict[str, Any]]) -> pa.Table:
     """Column by column, with fetch times as epoch milliseconds (no per-row datetime objects)."""
-    columns = {}
+    columns = []
     for field in RAW_CRAWL_SCHEMA:
         values = [row[field.name] for row in rows]
         if field.name == "fetch_time":
-            columns[field.name] = pa.array(values, pa.int64()).cast(field.type)
+            columns.append(pa.array(values, pa.int64()).cast(field.type))
         else:
-            columns[field.name] = pa.array(values, field.type)
-    return pa.table(columns, schema=RAW_CRAWL_SCHEMA)
+            columns.append(pa.array(values, field.type))
+    return pa.Table.from_arrays(columns, schema=RAW_CRAWL_SCHEMA)  # (pa.table would import pandas)
 
 
 class Committer:

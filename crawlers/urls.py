@@ -106,13 +106,15 @@ def url_id(normalized: str) -> str:
 
 def origin_of(normalized: str) -> str:
     """``scheme://host[:port]`` of a normalised URL: the unit of politeness and of robots.txt."""
-    parts = urlsplit(normalized)
-    return f"{parts.scheme}://{parts.netloc}"
+    return normalized[:normalized.index("/", normalized.index("//") + 2)]  # a normalised path starts with /
 
 
 def host_of(normalized: str) -> str:
     """The bare host name of a normalised URL (no port): the ``domain`` column."""
-    return urlsplit(normalized).hostname or ""
+    netloc = origin_of(normalized).split("//", 1)[1]
+    if netloc.startswith("["):
+        return netloc[1:netloc.index("]")]
+    return netloc.rsplit(":", 1)[0] if ":" in netloc else netloc
 
 
 def parse_page(html: str, base_url: str, want_text: bool = False) -> tuple[list[str], str]:
@@ -142,11 +144,16 @@ def parse_page(html: str, base_url: str, want_text: bool = False) -> tuple[list[
         break
     links: list[str] = []
     seen: set[str] = set()
+    try:
+        root = origin_of(normalize_url(base))
+    except BadURL:
+        return [], text
     for element in tree.xpath("//a[@href]|//area[@href]"):
         if "nofollow" in (element.get("rel") or "").lower():
             continue
-        try:
-            link = normalize_url(element.get("href", ""), base)
+        href = element.get("href", "").strip()
+        try:  # root-relative links, the common case, need no urljoin
+            link = normalize_url(root + href) if href[:1] == "/" and href[:2] != "//" else normalize_url(href, base)
         except BadURL:
             continue
         if link not in seen:
