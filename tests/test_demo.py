@@ -16,6 +16,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+from pipeline import cli
 from pipeline.demo_site.content import SITE_HOSTS, build_sites, load_articles
 from pipeline.duplicates import find_clusters, open_removed
 from pipeline.format import Corpus
@@ -84,23 +85,20 @@ def test_demo_streams_one_epoch_of_packed_batches(demo) -> None:
     assert "remaining batches are identical" in stdout
 
 
-def test_stats_json_is_the_manifest_statistics(demo) -> None:
+def test_stats_json_is_the_manifest_statistics(demo, capsys) -> None:
     output, _, summary = demo
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "stats", str(output / "corpus"), "--json"],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    stats = json.loads(done.stdout)
+    assert cli.main(["stats", str(output / "corpus"), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
     assert stats == Corpus.open(str(output / "corpus")).stats == summary["stats"]
 
 
-def test_clusters_command_on_the_demo_corpus(demo) -> None:
+def test_clusters_command_on_the_demo_corpus(demo, capsys) -> None:
     output, _, summary = demo
     example = summary["checks"]["example_cluster"]
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "clusters", str(output / "corpus"), "--show",
-                           example[:10], "--width", "140"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"cluster {example}:") and "KEPT  http://" in done.stdout
-    assert "NEAR DUPLICATE  http://" in done.stdout and "difflib ratio" in done.stdout
+    assert cli.main(["clusters", str(output / "corpus"), "--show", example[:10], "--width", "140"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"cluster {example}:") and "KEPT  http://" in out
+    assert "NEAR DUPLICATE  http://" in out and "difflib ratio" in out
 
 
 def _chromium() -> str:
