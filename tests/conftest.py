@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
+
+# Ray replaces 127.0.0.1 with the machine's network address unless it believes it runs on a
+# single-node platform; this switch keeps every Ray process the tests start (in-process clusters,
+# `ray start`, subprocess jobs, which inherit the environment) on loopback only.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 @pytest.fixture(scope="session")
