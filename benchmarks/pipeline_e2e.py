@@ -219,15 +219,16 @@ def datatrove_job(inputs: str, work: str) -> None:
 def _table(results: dict[str, list[dict[str, Any]]], text_bytes: int, documents: int) -> str:
     lines = [f"input: {text_bytes / 1e6:.0f} MB of text, {documents:,} documents",
              "",
-             "| tool | runs | median wall s | MB/s | median peak memory (GiB) | removed docs |",
-             "|---|---|---|---|---|---|"]
+             "| tool | runs | median wall s | MB/s | median peak memory (GiB) | removed docs | 1-min load before runs |",
+             "|---|---|---|---|---|---|---|"]
     medians = {}
     for tool, runs in results.items():
         wall = statistics.median(r["wall"] for r in runs)
         peak = statistics.median(r["peak"] for r in runs)
         medians[tool] = wall
+        loads = ", ".join(f"{r['load']:.1f}" for r in runs)
         lines.append(f"| {tool} | {len(runs)} | {wall:.1f} | {text_bytes / 1e6 / wall:.2f} | {peak / 2**30:.2f} | "
-                     f"{len(runs[-1]['removed']):,} |")
+                     f"{len(runs[-1]['removed']):,} | {loads} |")
     if len(medians) == 2:
         lines.append("")
         lines.append(f"speed ratio gristmill / datatrove: {medians['datatrove'] / medians['gristmill']:.1f}x")
@@ -260,7 +261,9 @@ def main() -> None:
             work = DATA / f"work-{tool}-{args.bytes}"
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
+            load = os.getloadavg()[0]
             result = runners[tool](inputs, work)
+            result["load"] = load
             results.setdefault(tool, []).append(result)
             print(f"run {run + 1} {tool}: {result['wall']:.1f} s, peak {result['peak'] / 2**30:.2f} GiB, "
                   f"{len(result['removed']):,} removed", flush=True)

@@ -256,6 +256,11 @@ def _jsonl_record(item: InputFile, lineno: int, raw: bytes, options: ReadOptions
     text = record.get(options.text_column)
     if not isinstance(text, str):
         return Reject(item.url, position, "unparseable", f"unparseable line (no string {options.text_column!r} field)", len(raw))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:  # JSON may escape lone surrogates ("\ud800"), which are not text
+        return Reject(item.url, position, "invalid_utf8", f"invalid Unicode in text ({exc.reason} at {exc.start})",
+                      len(raw))
     url = record.get("url")
     doc = Doc(
         id=_optional_str(record.get(options.id_column)),
@@ -266,7 +271,7 @@ def _jsonl_record(item: InputFile, lineno: int, raw: bytes, options: ReadOptions
         fetch_time=_parse_time(record.get("fetch_time")),
         position=position,
     )
-    return _check(doc, len(text.encode("utf-8", "surrogatepass")), options)
+    return _check(doc, size, options)
 
 
 _PARQUET_EXTRA = ("url", "final_url", "source", "domain", "language", "fetch_time")

@@ -112,6 +112,7 @@ def mixed_input(root: Path) -> dict[str, Any]:
         handle.write(b'{"id": "broken", "text": "no closing brace"\n')  # unparseable
         handle.write(b'{"id": "bad-utf8", "text": "caf\xe9"}\n')  # invalid UTF-8
         handle.write(b'{"id": "empty", "text": "   "}\n')  # empty
+        handle.write(b'{"id": "surrogate", "text": "half a pair \\ud800 here"}\n')  # invalid Unicode
         handle.write(b'{"id": "number", "text": 12}\n')  # unparseable: text is not a string
         handle.write(json.dumps({"id": "huge", "text": "x " * MAX_DOC_BYTES}).encode() + b"\n")  # size cap
     write_jsonl(root / "b.jsonl.gz", chunks[1], with_ids=False)
@@ -131,6 +132,6 @@ def mixed_input(root: Path) -> dict[str, Any]:
     return {
         "texts": texts,
         "good_jsonl_like": sum(len(c) for c in chunks[:4]),
-        "bad": {"unparseable": 2, "invalid_utf8": 1, "empty": 1, "over_size_cap": 1, "unsupported": 1,
+        "bad": {"unparseable": 2, "invalid_utf8": 2, "empty": 1, "over_size_cap": 1, "unsupported": 1,
                 "corrupt": 3},
     }

@@ -46,7 +46,8 @@ def test_every_format_is_read_and_every_bad_record_is_named(mixed: tuple[Path, d
     assert ("a.jsonl", "line 22", "unparseable") in where
     assert ("a.jsonl", "line 23", "invalid_utf8") in where
     assert ("a.jsonl", "line 24", "empty") in where
-    assert ("a.jsonl", "line 26", "over_size_cap") in where
+    assert ("a.jsonl", "line 25", "invalid_utf8") in where
+    assert ("a.jsonl", "line 27", "over_size_cap") in where
     assert ("g.parquet", "file", "corrupt") in where
     truncated = [r for r in rejects if r.source.endswith("f.jsonl.gz")]
     assert len(truncated) == 1 and truncated[0].position == f"line {docs['f.jsonl.gz'] + 1}"
