@@ -486,7 +486,9 @@ class Corpus:
 
     def read_shard(self, shard: ShardInfo, columns: list[str] | None = None) -> pa.Table:
         with self.fs.open(self.shard_path(shard), "rb") as handle:
-            return pq.read_table(handle, columns=columns)
+            # use_threads=False: threaded reads through a Python file object abort the process at exit
+            # now and then (apache/arrow#34314); one shard at a time needs no threads.
+            return pq.read_table(handle, columns=columns, use_threads=False)
 
     def iter_tables(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
         """Every shard in manifest order, one table each."""
