@@ -55,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        if args.max_batch < 1 or args.max_body_mb <= 0:
+            raise ValueError("--max-batch and --max-body-mb must be positive")
         token = _token(args)
         check_bind(args.host, token)
         if args.index:
