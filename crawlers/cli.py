@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="total seconds per request")
     parser.add_argument("--no-extract", action="store_true",
                         help="store the page's visible text instead of extracted main text (faster)")
-    parser.add_argument("--extract-workers", type=int, help="extraction processes (default: CPUs - 1)")
+    parser.add_argument("--extract-workers", type=int, help="extraction processes (default: one per CPU)")
     parser.add_argument("--warc", action="store_true", help="also write WARC/1.1 files under OUTPUT/warc/")
     parser.add_argument("--allow-network", action="append", default=[], metavar="CIDR",
                         help="allow these private/loopback networks (e.g. 127.0.0.0/8); repeatable")

@@ -83,7 +83,7 @@ class CrawlConfig:
     proxy_health_url: str | None = None
     proxy_health_interval: float = 30.0
     extract: bool = True
-    extract_workers: int = max(1, (os.cpu_count() or 2) - 1)
+    extract_workers: int = os.cpu_count() or 1  # the event loop needs little CPU; extraction takes it all
     extract_timeout: float = 30.0
     warc: bool = False
     commit_every: int = 1000
