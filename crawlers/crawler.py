@@ -547,7 +547,7 @@ class Crawler:
         try:
             proxy = self._proxy(host)
         except NoProxyAvailable as exc:
-            host.robots = Robots(host.origin, time.monotonic() + cfg.proxy_cooldown / 10, unavailable=str(exc))
+            host.robots = Robots(host.origin, time.monotonic() + self._proxy_wait(), unavailable=str(exc))
             return
 
         def observe(status: int | None, body: bytes) -> bool:
@@ -578,14 +578,20 @@ class Crawler:
                     except BadURL:
                         continue
 
+    def _proxy_wait(self) -> float:
+        """How long to wait when every proxy for a host is benched or banned."""
+        cfg = self.config
+        return cfg.proxy_health_interval if cfg.proxy_health_url else cfg.proxy_cooldown / 10
+
     def _proxy(self, host: _Host) -> str | None:
         return self.proxies.choose(host.name) if self.proxies else None
 
     async def _fetch(self, host: _Host, request: Request, release: Callable[[], None]) -> None:
         try:
             proxy = self._proxy(host)
-        except NoProxyAvailable as exc:
-            self._failed(host, request, str(exc), self.config.proxy_cooldown / 10)
+        except NoProxyAvailable:  # not the URL's fault: wait for a proxy without spending an attempt
+            request.not_before = time.monotonic() + self._proxy_wait()
+            heapq.heappush(host.retries, (request.not_before, next(self._seq), request))
             return
         accept = SITEMAP_TYPES if request.kind == KIND_SITEMAP else HTML_TYPES
         try:

@@ -147,3 +147,19 @@ def test_proxies_route_by_region_rotate_on_bans_and_bench_dead_exits(servers: Se
     assert default_exit.counts["news.com.test"] == len(other.hits)
     assert dead_exit.url in {p["proxy"] for p in summary.proxies if p["benched"]}
     assert german.name in next(p for p in summary.proxies if p["proxy"] == banned_exit.url)["banned_for"]
+
+
+def test_health_check_returns_a_dead_proxy_to_rotation(servers: ServerThread, tmp_path: Path) -> None:
+    site = servers.start(Site("127.0.0.2", "a.test"))
+    site.article("/", "Home", [f"/a{i}" for i in range(3)])
+    for i in range(3):
+        site.article(f"/a{i}", f"Article {i}")
+    site.page("/health", "ok", content_type="text/plain")
+    only_exit = servers.start_proxy(CountingProxy({site.name: site.ip}, "only", down=True))
+    servers.loop.call_later(1.0, setattr, only_exit, "down", False)  # the exit comes back after a second
+    summary = crawl_sites(tmp_path, [site.url("/")], [site], proxies=(only_exit.url,), proxy_cooldown=600,
+                          proxy_health_url=site.url("/health"), proxy_health_interval=0.2, max_retries=3)
+    # Benched for 600 s after three failures, it is back within the run only through the health check.
+    assert summary.documents == 4 and set(outcomes(tmp_path).values()) == {"ok"}
+    assert only_exit.counts[site.name] == len(site.hits) >= 6  # robots.txt, 4 pages, health probes
+    assert "/health" in site.paths()
