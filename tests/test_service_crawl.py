@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,3 +82,20 @@ def test_crawl_skips_what_the_service_already_has(site: str, tmp_path: Path, cap
     assert len(stored) == 3 and stored[0] == "/" and stored[2] == "/e" and stored[1] in ("/a", "/b", "/c")
     # the service now holds what the crawl stored, so a second crawler would skip those too
     assert stats["added"] == 1 + 3 and stats["exact_duplicates"] + stats["near_duplicates"] == 3
+
+
+@pytest.mark.timeout(120)
+def test_crawl_stores_pages_when_the_service_is_down(site: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text(f"{site}/\n")
+    status = main(["crawl", str(seeds), "-o", str(tmp_path / "corpus"), "--no-extract", "--no-robots",
+                   "--delay", "0", "--allow-network", "127.0.0.0/8", "--quiet", "--dedup-service", dead])
+    assert status == 0
+    summary = json.loads(capsys.readouterr().out)
+    # the service is advisory: every page is stored (the exact copy too), and each failure is counted
+    assert summary["documents"] == 6 and summary["dedup_service"] == {"errors": 6}
+    assert any(dead in error for error in summary["errors"])
