@@ -290,7 +290,7 @@ class StreamingLoader:
             return (flat, offsets), flat.nbytes + offsets.nbytes
 
         packer = _Packer(seq_len, size, tokenizer.eos_id, self.pad_id, docs, skip)
-        windows = self._prefetcher(order, spec, docs, prepare, 4.0) if docs < len(spec.positions) else iter(())
+        windows = self._prefetcher(order, spec, docs, prepare, 1.0) if docs < len(spec.positions) else iter(())
         yielded = done
 
         def batches() -> Iterator[_Packed]:
@@ -371,16 +371,18 @@ _Packed = tuple[np.ndarray, np.ndarray, tuple[int, int], np.ndarray]
 class _Packer:
     """Packs documents (in stream order) into ``[batch, seq_len]`` rows, holding about one batch of tokens.
 
-    The position after a batch is (documents of the stream fully emitted, tokens of the next one
-    already emitted), counted from the stream's start, so a resume starts reading at that document and
-    drops that many of its tokens.
+    Documents are kept as views of their block's token array (the eos is written separately), so a
+    token is copied once, into the batch. The position after a batch is (documents of the stream
+    fully emitted, tokens of the next one already emitted, eos included), counted from the stream's
+    start, so a resume starts reading at that document and drops that many of its tokens.
     """
 
     def __init__(self, seq_len: int, batch_size: int, eos_id: int | None, pad_id: int, docs: int,
                  skip: int) -> None:
         self.seq_len = seq_len
         self.batch_size = batch_size
-        self.eos = None if eos_id is None else np.asarray([eos_id], dtype=np.int32)
+        self.eos_id = eos_id
+        self.extra = 0 if eos_id is None else 1
         self.pad_id = pad_id
         self.skip = skip
         self.next_doc = docs  # stream index of the next document added
@@ -388,11 +390,10 @@ class _Packer:
         self.buffered = 0
 
     def add(self, tokens: np.ndarray, block: int) -> None:
-        if self.eos is not None:
-            tokens = np.concatenate([tokens, self.eos])
-        start, self.skip = min(self.skip, len(tokens)), 0
+        total = len(tokens) + self.extra
+        start, self.skip = min(self.skip, total), 0
         self.pending.append([self.next_doc, tokens, start, block])
-        self.buffered += len(tokens) - start
+        self.buffered += total - start
         self.next_doc += 1
 
     def full(self) -> bool:
@@ -400,31 +401,42 @@ class _Packer:
 
     def take(self, rows: int | None = None, pad_to: int | None = None) -> _Packed:
         rows = rows or self.batch_size
-        need, pieces, lengths, blocks = rows * self.seq_len, [], [], []
+        out_rows = pad_to or rows
+        length = self.seq_len
+        grid = np.full(out_rows * length, self.pad_id, dtype=np.int32)
+        segments = np.zeros(out_rows * length, dtype=np.int32)
+        need, at, blocks = rows * length, 0, []
+        row_first_doc = -1  # index, within this batch, of the document a row starts with
+        piece = 0
         while need and self.pending:
             entry = self.pending[0]
             _, tokens, start, block = entry
-            use = min(len(tokens) - start, need)
-            pieces.append(tokens[start:start + use])
-            lengths.append(use)
+            total = len(tokens) + self.extra
+            use = min(total - start, need)
+            body = min(start + use, len(tokens)) - start
+            if body > 0:
+                grid[at:at + body] = tokens[start:start + body]
+            if use > body:  # the eos falls in this piece
+                grid[at + use - 1] = self.eos_id
+            # segment ids: 1, 2, ... per row; a piece crossing a row boundary is segment 1 of the next row
+            row = at // length
+            while row * length < at + use:
+                begin, end = max(at, row * length), min(at + use, (row + 1) * length)
+                if begin == row * length:
+                    row_first_doc = piece
+                segments[begin:end] = piece - row_first_doc + 1
+                row += 1
             blocks.append(block)
+            piece += 1
+            at += use
             need -= use
-            if start + use == len(tokens):
+            if start + use == total:
                 self.pending.popleft()
             else:
                 entry[2] += use
-        count = sum(lengths)
-        self.buffered -= count
-        out_rows = pad_to or rows
-        grid = np.full(out_rows * self.seq_len, self.pad_id, dtype=np.int32)
-        segments = np.zeros(out_rows * self.seq_len, dtype=np.int32)
-        if count:
-            grid[:count] = np.concatenate(pieces)
-            piece = np.repeat(np.arange(len(pieces), dtype=np.int32), lengths)
-            first_in_row = np.repeat(piece[:: self.seq_len], self.seq_len)[:count]
-            segments[:count] = piece - first_in_row + 1
+        self.buffered -= at
         position = (self.pending[0][0], self.pending[0][2]) if self.pending else (self.next_doc, 0)
-        shape = (out_rows, self.seq_len)
+        shape = (out_rows, length)
         return grid.reshape(shape), segments.reshape(shape), position, np.asarray(blocks, dtype=np.int64)
 
     def flush(self, pad_rows: bool) -> Iterator[_Packed]:

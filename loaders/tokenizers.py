@@ -1,6 +1,6 @@
 """Pluggable tokenizers for packed-sequence batches.
 
-A tokenizer here turns a block's text column into one flat int32 token array plus per-document
+A tokenizer here turns a block's text column into one flat integer token array plus per-document
 offsets, so a whole block is tokenized at once on a background thread. Three kinds:
 
 - ``ByteTokenizer``: UTF-8 bytes are the tokens (vocabulary 256, plus ``eos_id`` 256 by default);
@@ -20,7 +20,7 @@ import pyarrow as pa
 
 
 class Tokenizer(Protocol):
-    """What the packer needs: a block's texts in, flat int32 tokens and ``len + 1`` offsets out."""
+    """What the packer needs: a block's texts in, flat integer tokens and ``len + 1`` offsets out."""
 
     eos_id: int | None
 
@@ -53,8 +53,8 @@ class ByteTokenizer:
         offsets = np.frombuffer(offsets_buffer, dtype=width)[array.offset: array.offset + len(array) + 1]
         offsets = offsets.astype(np.int64)
         data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
-        flat = data[offsets[0]: offsets[-1]].astype(np.int32)
-        return flat, offsets - offsets[0]
+        # uint8 views of Arrow's buffer: the packer widens to int32 as it fills a batch, in one pass
+        return data[offsets[0]: offsets[-1]], offsets - offsets[0]
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))

@@ -43,12 +43,16 @@ class StreamingDataset(IterableDataset):
             loader.num_workers = workers  # a plain DataLoader: split correctly, resume state is not tracked
         # After a resume, DataLoader asks worker 0 first; it continues the stream whose batch is next.
         loader.worker_id = ((info.id if info is not None else 0) + self.loader._batches) % loader.num_workers
-        shared = self.shared_text and info is not None and loader.seq_len is None and loader.output == "python"
-        if shared:
+        shared = self.shared_text and info is not None
+        text = shared and loader.seq_len is None and loader.output == "python"
+        if text:
             loader.output = "arrow"
         for batch in loader:
-            if shared:
+            if text:
                 yield {_SHARED: _to_shared(batch)}
+                continue
+            if shared and "tokens" in batch:
+                yield dict(batch, tokens=_Array(batch["tokens"]), segment_ids=_Array(batch["segment_ids"]))
                 continue
             if "tokens" in batch:
                 batch = dict(batch, tokens=torch.from_numpy(batch["tokens"]),
@@ -71,6 +75,8 @@ class StreamingDataLoader(DataLoader):
         for batch in super().__iter__():
             if isinstance(batch, Mapping) and _SHARED in batch:
                 batch = _from_shared(batch[_SHARED])
+            elif isinstance(batch, Mapping) and isinstance(batch.get("tokens"), _Array):
+                batch = dict(batch, tokens=self._tensor(batch["tokens"]), segment_ids=self._tensor(batch["segment_ids"]))
             self.stream._batches += 1
             if isinstance(batch, Mapping) and "position" in batch:
                 streams = list(self.stream._streams or [(0, 0)] * self.stream.num_workers)
@@ -82,6 +88,10 @@ class StreamingDataLoader(DataLoader):
     def set_epoch(self, epoch: int) -> None:
         self.stream.set_epoch(epoch)
 
+    def _tensor(self, packed: _Array) -> torch.Tensor:
+        tensor = torch.frombuffer(packed.data, dtype=torch.int32).view(*packed.shape)
+        return tensor.pin_memory() if self.pin_memory and torch.cuda.is_available() else tensor
+
     def state_dict(self) -> dict[str, Any]:
         """The stream's position after the last batch this DataLoader yielded."""
         return self.stream.state_dict()
@@ -92,6 +102,27 @@ class StreamingDataLoader(DataLoader):
 
 
 _SHARED = "__gristmill_shared__"
+
+
+class _Array:
+    """An int32 batch array on its way from a worker to the main process, as a bytearray.
+
+    DataLoader would move a tensor into a new shared-memory segment per batch (milliseconds each) and
+    its ``default_convert`` walks a bare bytearray element by element; wrapped like this it pickles as
+    one copy and becomes a writable tensor in the main process without another.
+    """
+
+    __slots__ = ("data", "shape")
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.data = bytearray(memoryview(np.ascontiguousarray(array)))
+        self.shape = tuple(array.shape)
+
+    def __getstate__(self) -> tuple[bytearray, tuple[int, ...]]:
+        return self.data, self.shape
+
+    def __setstate__(self, state: tuple[bytearray, tuple[int, ...]]) -> None:
+        self.data, self.shape = state
 
 
 def _to_shared(table: pa.Table) -> dict[str, Any]:
