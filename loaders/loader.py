@@ -25,7 +25,7 @@ from loaders.tokenizers import as_tokenizer
 from pipeline.format import Corpus
 
 STATE_VERSION = 1
-DEFAULT_PREFETCH_BYTES = 512 * 1024 * 1024
+DEFAULT_PREFETCH_BYTES = 256 * 1024 * 1024
 DEFAULT_WINDOW_BLOCKS = 8
 
 
