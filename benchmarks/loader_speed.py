@@ -330,10 +330,9 @@ def table(prepared: dict[str, Any], results: list[dict[str, Any]]) -> str:
         ratio = f"{s['mbps'] / max(others):.2f}×" if others and tool.startswith("gristmill") else ""
         conversion = conversions.get("gristmill" if tool.startswith("gristmill") else tool)
         unit = " (packed tokens, M tok/s)" if tool == "gristmill-tokens" else ""
-        rows.append(f"| {tool}{unit} | {workers} | {s['mbps']:.0f} | {ratio} | {s['cpu']:.3f} | {s['first']:.3f} | "
-                    f"{s['peak']:.0f} | {conversion:.1f} | {s['runs']} |" if conversion is not None else
-                    f"| {tool}{unit} | {workers} | {s['mbps']:.0f} | {ratio} | {s['cpu']:.3f} | {s['first']:.3f} | "
-                    f"{s['peak']:.0f} | – | {s['runs']} |")
+        converted = f"{conversion:.1f}" if conversion is not None else "–"
+        rows.append(f"| {tool}{unit} | {workers} | {s['mbps']:.0f} | {ratio} | {s['cpu']:.4f} | {s['first']:.3f} | "
+                    f"{s['peak']:.0f} | {converted} | {s['runs']} |")
     return "\n".join(rows)
 
 

@@ -43,8 +43,9 @@ def distributed_defaults() -> tuple[int, int]:
 class StreamingLoader:
     """An iterable of batches over a corpus; one ``for`` loop is one epoch.
 
-    Document batches are ``{column: list}`` (``output="python"``) or a ``pyarrow.Table``
-    (``output="arrow"``). With ``seq_len`` set, batches are ``{"tokens", "segment_ids"}`` int32 arrays of
+    Document batches are ``{column: list}`` (``output="python"``), a ``pyarrow.Table``
+    (``output="arrow"``), or, for moving batches between processes, ``{column: {"offsets", "utf8"}}``
+    byte strings for text columns (``output="utf8"``; other columns stay lists). With ``seq_len`` set, batches are ``{"tokens", "segment_ids"}`` int32 arrays of
     shape ``[batch_size, seq_len]``: documents packed back to back (each followed by the tokenizer's
     ``eos_id``), ``segment_ids`` numbering the documents within a row from 1 and 0 for padding, so
     boundaries are recoverable. ``worker_id``/``num_workers`` are set by the PyTorch adapter.
@@ -79,8 +80,8 @@ class StreamingLoader:
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
-        if output not in ("python", "arrow"):
-            raise ValueError("output must be 'python' or 'arrow'")
+        if output not in ("python", "arrow", "utf8"):
+            raise ValueError("output must be 'python', 'arrow' or 'utf8'")
         default_rank, default_world = distributed_defaults()
         self.url = url
         self.batch_size = batch_size
@@ -97,6 +98,7 @@ class StreamingLoader:
         self.pad_id = pad_id
         self.steps_per_epoch = steps_per_epoch
         self.prefetch_bytes = prefetch_bytes
+        self.io_threads_arg = io_threads
         self.io_threads = io_threads or min(4, os.cpu_count() or 1)
         self.output = output
         self.storage_options = dict(storage_options or {})
@@ -244,17 +246,17 @@ class StreamingLoader:
         start = consumed_by_batches(split, self.num_workers, self.batch_size, self._batches)[self.worker_id]
         if start >= len(spec.positions):
             return
-        python = self.output == "python"
+        python = self.output != "arrow"
 
         def prepare(table: pa.Table) -> tuple[Any, int]:
             return (_Block(table), 2 * table.nbytes) if python else (table, table.nbytes)
 
+        build = {"python": _python_batch, "utf8": _utf8_batch}.get(self.output)
         for window in self._prefetcher(order, spec, start, prepare, 2.0 if python else 1.0):
             for begin in range(0, len(window.rows), self.batch_size):
                 blocks = window.blocks[begin:begin + self.batch_size]
                 rows = window.rows[begin:begin + self.batch_size]
-                batch = _python_batch(window, blocks, rows, self.columns) if python else \
-                    _arrow_batch(window, blocks, rows)
+                batch = build(window, blocks, rows, self.columns) if build else _arrow_batch(window, blocks, rows)
                 self._count(blocks)
                 self._batches += 1
                 yield batch
@@ -321,6 +323,9 @@ class StreamingLoader:
         return {"tokens": tokens, "segment_ids": segments, "position": position, "worker": self.worker_id}
 
 
+_PYLIST_ROWS = 64
+
+
 class _Block:
     """A decoded block whose columns become Python lists on first use, in the consuming thread.
 
@@ -328,16 +333,35 @@ class _Block:
     and done once per block rather than once per batch.
     """
 
-    __slots__ = ("table", "lists")
+    __slots__ = ("table", "lists", "buffers")
 
     def __init__(self, table: pa.Table) -> None:
         self.table = table
         self.lists: dict[str, list] = {}
+        self.buffers: dict[str, tuple[np.ndarray, memoryview] | None] = {}
+
+    def utf8(self, name: str) -> tuple[np.ndarray, memoryview] | None:
+        """(offsets, bytes) of a string column without nulls, as views of Arrow's buffers; else None."""
+        if name not in self.buffers:
+            column = self.table.column(name).combine_chunks()
+            found = None
+            if (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)) and not column.null_count:
+                _, offsets, data = column.buffers()
+                width = np.int64 if pa.types.is_large_string(column.type) else np.int32
+                found = (np.frombuffer(offsets, dtype=width)[column.offset: column.offset + len(column) + 1],
+                         memoryview(data) if data is not None else memoryview(b""))
+            self.buffers[name] = found
+        return self.buffers[name]
 
     def column(self, name: str) -> list:
         values = self.lists.get(name)
         if values is None:
-            values = self.lists[name] = self.table.column(name).to_pylist()
+            # In slices: one to_pylist of a whole block holds the GIL for tens of milliseconds, and every
+            # fetch thread that needs it meanwhile (to start a read or a decode) stalls that long.
+            column, values = self.table.column(name), []
+            for start in range(0, len(column), _PYLIST_ROWS):
+                values.extend(column.slice(start, _PYLIST_ROWS).to_pylist())
+            self.lists[name] = values
         return values
 
 
@@ -345,6 +369,26 @@ def _python_batch(window: Window, blocks: np.ndarray, rows: np.ndarray, columns:
     data = window.data
     pairs = list(zip(blocks.tolist(), rows.tolist()))
     return {c: [data[b].column(c)[r] for b, r in pairs] for c in columns}
+
+
+def _utf8_batch(window: Window, blocks: np.ndarray, rows: np.ndarray, columns: list[str]) -> dict[str, Any]:
+    """Text columns as one UTF-8 byte string plus int64 offsets each: one copy, cheap to pickle."""
+    data = window.data
+    pairs = list(zip(blocks.tolist(), rows.tolist()))
+    out: dict[str, Any] = {}
+    for column in columns:
+        views = [data[b].utf8(column) for b in {b for b, _ in pairs}]
+        if any(v is None for v in views):
+            out[column] = [data[b].column(column)[r] for b, r in pairs]
+            continue
+        parts, offsets = [], np.zeros(len(pairs) + 1, dtype=np.int64)
+        for index, (b, r) in enumerate(pairs):
+            starts, buffer = data[b].utf8(column)  # type: ignore[misc]
+            begin, end = int(starts[r]), int(starts[r + 1])
+            parts.append(buffer[begin:end])
+            offsets[index + 1] = offsets[index] + end - begin
+        out[column] = {"offsets": offsets.tobytes(), "utf8": b"".join(parts)}
+    return out
 
 
 def _arrow_batch(window: Window, blocks: np.ndarray, rows: np.ndarray) -> pa.Table:

@@ -10,6 +10,7 @@ Packed-token batches arrive as int32 tensors and work with ``pin_memory=True``.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -28,7 +29,7 @@ class StreamingDataset(IterableDataset):
     def __init__(self, url: str, **loader_args: Any) -> None:
         super().__init__()
         self.loader = StreamingLoader(url, **loader_args)
-        self.shared_text = False  # set by StreamingDataLoader: ship text to the main process as bytes
+        self.shared_text = False  # set by StreamingDataLoader: ship batches to the main process as bytes
 
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)
@@ -46,10 +47,12 @@ class StreamingDataset(IterableDataset):
         shared = self.shared_text and info is not None
         text = shared and loader.seq_len is None and loader.output == "python"
         if text:
-            loader.output = "arrow"
+            loader.output = "utf8"
+        if info is not None and self.loader.io_threads_arg is None:
+            loader.io_threads = max(1, (os.cpu_count() or 1) // workers)  # the workers are the parallelism
         for batch in loader:
             if text:
-                yield {_SHARED: _to_shared(batch)}
+                yield {_SHARED: batch}
                 continue
             if shared and "tokens" in batch:
                 yield dict(batch, tokens=_Array(batch["tokens"]), segment_ids=_Array(batch["segment_ids"]))
@@ -123,28 +126,6 @@ class _Array:
 
     def __setstate__(self, state: tuple[bytearray, tuple[int, ...]]) -> None:
         self.data, self.shape = state
-
-
-def _to_shared(table: pa.Table) -> dict[str, Any]:
-    """A worker's document batch with each text column as two byte strings: UTF-8 data and offsets.
-
-    Pickling Python strings to hand them to the main process costs a UTF-8 encode per string in the
-    worker and, far worse, a decode per string in the main process; bytes pickle as plain copies, and
-    the main process then makes its strings with one Arrow ``to_pylist`` (which is fast).
-    """
-    out: dict[str, Any] = {}
-    for name in table.column_names:
-        column = table.column(name).combine_chunks()
-        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)) or column.null_count:
-            out[name] = column.to_pylist()
-            continue
-        array = column.cast(pa.large_string())
-        _, offsets_buffer, data_buffer = array.buffers()
-        offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[array.offset: array.offset + len(array) + 1]
-        start, end = int(offsets[0]), int(offsets[-1])
-        data = memoryview(data_buffer)[start:end].tobytes() if end > start else b""
-        out[name] = {"offsets": (offsets - start).tobytes(), "utf8": data}
-    return out
 
 
 def _from_shared(columns: Mapping[str, Any]) -> dict[str, list]:

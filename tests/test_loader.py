@@ -475,3 +475,18 @@ def test_importing_loaders_pulls_no_torch_ray_or_aiohttp() -> None:
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray', 'aiohttp'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_utf8_output_matches_python_output(corpus: tuple[str, list[str]]) -> None:
+    import pyarrow as pa
+
+    path, _ = corpus
+    make = lambda output: StreamingLoader(path, batch_size=16, columns=["id", "text"], output=output,  # noqa: E731
+                                          world_size=1, rank=0)
+    python = list(make("python"))
+    decoded = []
+    for batch in make("utf8"):
+        decoded.append({c: pa.LargeStringArray.from_buffers(len(v["offsets"]) // 8 - 1, pa.py_buffer(v["offsets"]),
+                                                             pa.py_buffer(v["utf8"])).to_pylist()
+                        for c, v in batch.items()})
+    assert decoded == python
