@@ -60,7 +60,7 @@ INDEX_FOLDER = "_index"
 REJECTS_FOLDER = "_rejects"
 WORK_FOLDER = "_work"
 BYTES_PER_TOKEN = 4  # the approximate-token statistic: UTF-8 bytes / 4
-HASH_BATCH_DOCS = 4096
+BATCH_BYTES = 8 * 1024 * 1024  # text per normalisation/MinHash batch: bounds a worker's working memory
 
 DOC_SCHEMA = pa.schema([
     ("key", pa.int64()), ("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
@@ -238,10 +238,10 @@ def _read_split_now(job: _Job, split_index: int) -> dict[str, Any]:
             origins.append(item.origin)
     texts = [d.text for d in docs]
     hashes: list[str] = []
-    for start in range(0, len(texts), HASH_BATCH_DOCS):
-        hashes.extend(content_hashes(texts[start:start + HASH_BATCH_DOCS]))
-    keys = (np.int64(split_index) << np.int64(KEY_BITS)) + np.arange(len(docs), dtype=np.int64)
     lengths = [len(t) for t in texts]  # characters: the survivor policy prefers the longest text
+    for start, stop in _batches(np.array(lengths, np.int64)):
+        hashes.extend(content_hashes(texts[start:stop]))
+    keys = (np.int64(split_index) << np.int64(KEY_BITS)) + np.arange(len(docs), dtype=np.int64)
     table = pa.table({
         "key": pa.array(keys, pa.int64()), "id": [d.id for d in docs], "text": texts,
         "source": [d.source for d in docs], "domain": [d.domain for d in docs],
@@ -377,18 +377,22 @@ def _sign_split(job: _Job, split_index: int) -> dict[str, Any]:
     return _json_record(job.work, f"sign/done/s={split_index:05d}.json", compute)
 
 
+def _batches(sizes: np.ndarray) -> list[tuple[int, int]]:
+    """``[start, stop)`` ranges of consecutive documents holding about BATCH_BYTES each (at least one)."""
+    ranges, start, n = [], 0, len(sizes)
+    ends = np.cumsum(sizes)
+    while start < n:
+        base = ends[start - 1] if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, base + BATCH_BYTES, side="right")))
+        ranges.append((start, min(stop, n)))
+        start = min(stop, n)
+    return ranges
+
+
 def _signatures(hasher: Any, texts: pa.ChunkedArray) -> np.ndarray:
     """Signatures in batches of a bounded byte size, so one worker's memory stays flat."""
-    parts = []
-    start, n = 0, len(texts)
-    lengths = pc.binary_length(texts).to_numpy(zero_copy_only=False) if n else np.zeros(0)
-    while start < n:
-        stop, size = start, 0
-        while stop < n and (stop == start or size + lengths[stop] <= 32 * 1024 * 1024):
-            size += lengths[stop]
-            stop += 1
-        parts.append(hasher.signatures(texts.slice(start, stop - start)))
-        start = stop
+    sizes = pc.binary_length(texts).to_numpy(zero_copy_only=False) if len(texts) else np.zeros(0, np.int64)
+    parts = [hasher.signatures(texts.slice(start, stop - start)) for start, stop in _batches(sizes)]
     return np.concatenate(parts) if parts else np.zeros((0, hasher.num_perm), np.uint64)
 
 
