@@ -142,4 +142,4 @@ def connected_components(work: WorkDir, num_partitions: int, run_tasks: Callable
         round_index += 1
     final = round_index if round_op(round_index) == "large" else round_index - 1
     nodes = run_tasks(cc_labels, [(work, final, p, num_partitions, key_bits) for p in range(num_partitions)])
-    return {"rounds": round_index + 1, "edges": history[0][0], "nodes": sum(nodes)}
+    return {"rounds": round_index + 1, "edges": history[0][0], "nodes": sum(nodes), "partitions": num_partitions}

@@ -60,6 +60,7 @@ INDEX_FOLDER = "_index"
 REJECTS_FOLDER = "_rejects"
 WORK_FOLDER = "_work"
 BYTES_PER_TOKEN = 4  # the approximate-token statistic: UTF-8 bytes / 4
+CC_ROWS_PER_PARTITION = 8_000_000  # band rows (documents x bands) per connected-components partition
 BATCH_BYTES = 8 * 1024 * 1024  # text per normalisation/MinHash batch: bounds a worker's working memory
 
 DOC_SCHEMA = pa.schema([
@@ -411,7 +412,7 @@ def _shuffle_bands(job: _Job, split_index: int, keys: np.ndarray, bands: np.ndar
 
 
 # -- stage 4: buckets ----------------------------------------------------------------------------
-def _bucket_partition(job: _Job, part: int) -> dict[str, Any]:
+def _bucket_partition(job: _Job, part: int, cc_partitions: int) -> dict[str, Any]:
     def compute() -> dict[str, Any]:
         from dedup.lsh import bucket_edges
 
@@ -420,7 +421,7 @@ def _bucket_partition(job: _Job, part: int) -> dict[str, Any]:
         hashes = table["hash"].to_numpy()
         left, right = bucket_edges(keys, hashes.reshape(-1, 1))
         components.write_edges(job.work, "cc/r000", f"from-{part:05d}", left, right, components.round_op(0),
-                               job.num_partitions)
+                               cc_partitions)
         return {"edges": len(left)}
 
     return _json_record(job.work, f"buckets/done/p={part:05d}.json", compute)
@@ -727,9 +728,12 @@ def run_dedup(config: DedupConfig) -> dict[str, Any]:
     stage("read", lambda: _map_splits(_read_index_split, job, list(range(len(index_files))))
           + _map_splits(_read_split, job, job.split_indices))
     stage("exact", lambda: run_tasks(_exact_partition, [(job, p) for p in parts]))
-    stage("sign", lambda: _map_splits(_sign_split, job, job.split_indices))
-    stage("buckets", lambda: run_tasks(_bucket_partition, [(job, p) for p in parts]))
-    cc = stage("cc", lambda: components.connected_components(work, job.num_partitions, run_tasks, KEY_BITS))
+    signed = sum(r["signed"] for r in stage("sign", lambda: _map_splits(_sign_split, job, job.split_indices)))
+    # Edges are few next to documents: size the components' partitions by the band rows they can come
+    # from, so small jobs do not pay for many tiny tasks per round (the labels do not depend on it).
+    cc_parts = max(1, min(job.num_partitions, -(-signed * params.bands // CC_ROWS_PER_PARTITION)))
+    stage("buckets", lambda: run_tasks(_bucket_partition, [(job, p, cc_parts) for p in parts]))
+    cc = stage("cc", lambda: components.connected_components(work, cc_parts, run_tasks, KEY_BITS))
     stage("clusters", lambda: _clusters(job, run_tasks))
     written = stage("write", lambda: _map_splits(_write_split, job, job.split_indices))
 
