@@ -189,7 +189,7 @@ def speed(args: argparse.Namespace) -> None:
     print("| extraction | gristmill pages/s (median) | Scrapy pages/s (median) | ratio | pages (g / s) |")
     print("|---|---|---|---|---|")
     try:
-        for extract in (False, True):
+        for extract in {"off": (False,), "on": (True,), "both": (False, True)}[args.extraction]:
             rates: dict[str, list[float]] = {"gristmill": [], "scrapy": []}
             pages: dict[str, int] = {}
             for _ in range(args.runs):
@@ -225,6 +225,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--frontier", type=int, default=1_000_000)
+    parser.add_argument("--extraction", choices=("off", "on", "both"), default="both")
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
     args = parser.parse_args()

@@ -787,22 +787,23 @@ class Crawler:
         if len(self._errors) < 200:
             self._errors.append(message)
 
-    def _stats(self) -> dict[str, Any]:
+    def _outcomes(self) -> dict[str, int]:
+        """Every admitted URL (all runs) counted by outcome kind."""
         outcomes = Counter[str]()
         for outcome, count in self.frontier.outcome_counts().items():
             outcomes[outcome_kind(outcome)] += count
-        return {"crawl": {"documents": self._documents, "outcomes": dict(outcomes),
+        return dict(outcomes)
+
+    def _stats(self) -> dict[str, Any]:
+        return {"crawl": {"documents": self._documents, "outcomes": self._outcomes(),
                           "parked_hosts": self.frontier.parked_hosts()}}
 
     def _summary(self, elapsed: float) -> CrawlSummary:
-        outcomes = Counter[str]()
-        for outcome, count in self.frontier.outcome_counts().items():
-            outcomes[outcome_kind(outcome)] += count
         return CrawlSummary(
             output=self.output, documents=self._documents, fetched_this_run=self._fetched,
             requests=self._requests, bytes=self._bytes, elapsed_s=elapsed,
             pages_per_s=self._fetched / elapsed if elapsed > 0 else 0.0, status_counts=dict(self._status),
-            outcomes=dict(outcomes), queued=self.frontier.queued_count(),
+            outcomes=self._outcomes(), queued=self.frontier.queued_count(),
             parked_hosts=self.frontier.parked_hosts(),
             hosts={h.origin: {"requests": h.requests, "failures": h.failures, "delay_s": round(self._delay(h), 3),
                               "parked": h.parked} for h in self._hosts.values()},

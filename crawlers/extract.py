@@ -139,7 +139,9 @@ class ExtractionPool:
         from pebble import ProcessPool
 
         self.timeout = timeout
-        self._pool = ProcessPool(max_workers=max(1, workers), max_tasks=500, initializer=_prepare_worker,
+        # Workers are recycled after many documents (parsers can leak), rarely: each restart reloads
+        # trafilatura and the language model, seconds of lost extraction.
+        self._pool = ProcessPool(max_workers=max(1, workers), max_tasks=20_000, initializer=_prepare_worker,
                                  context=multiprocessing.get_context("forkserver"))
 
     async def process(self, html: str, url: str) -> tuple[str, str]:
