@@ -157,6 +157,26 @@ def test_a_crawler_corpus_folder_is_an_input_and_its_provenance_is_kept(ray_loca
     assert stats["by_domain"]["b.example"]["input"] == len(texts)
 
 
+def test_input_and_output_on_s3(ray_local: None, s3_bucket: str, s3_server: dict, tmp_path: Path) -> None:
+    """fsspec URLs end to end: JSONL on a loopback S3 server in, corpus and work folder on S3 out."""
+    import fsspec
+
+    options = {"key": "testing", "secret": "testing",
+               "client_kwargs": {"endpoint_url": s3_server["endpoint_url"], "region_name": "us-east-1"}}
+    texts = documents(12)
+    write_jsonl(tmp_path / "a.jsonl.gz", texts, prefix="s")
+    fs = fsspec.filesystem("s3", **options)
+    fs.put(str(tmp_path / "a.jsonl.gz"), f"{s3_bucket}/raw/a.jsonl.gz")
+    out = f"{s3_bucket}/corpus"
+    stats = run_dedup(DedupConfig(inputs=[f"{s3_bucket}/raw/*.jsonl.gz"], output=out, storage_options=options))
+    corpus = Corpus.open(out, options)
+    assert corpus.num_rows == stats["documents"]["kept"] and stats["documents"]["input"] == len(texts)
+    local = str(tmp_path / "local")
+    run_dedup(DedupConfig(inputs=[str(tmp_path / "a.jsonl.gz")], output=local))
+    assert set(corpus.to_table(["id"])["id"].to_pylist()) == set(Corpus.open(local).to_table(["id"])["id"].to_pylist())
+    assert not fs.exists(f"{s3_bucket}/corpus/_work")
+
+
 def test_cli_dedup_with_job_file_then_stats(ray_local: None, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     write_jsonl(tmp_path / "in.jsonl", documents(12), prefix="x")
     job = tmp_path / "job.toml"
