@@ -362,6 +362,7 @@ class _Block:
             for start in range(0, len(column), _PYLIST_ROWS):
                 values.extend(column.slice(start, _PYLIST_ROWS).to_pylist())
             self.lists[name] = values
+            self.table = self.table.drop_columns([name])  # the Arrow copy is not needed again: free it now
         return values
 
 
