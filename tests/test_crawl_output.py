@@ -163,3 +163,26 @@ def test_health_check_returns_a_dead_proxy_to_rotation(servers: ServerThread, tm
     assert summary.documents == 4 and set(outcomes(tmp_path).values()) == {"ok"}
     assert only_exit.counts[site.name] == len(site.hits) >= 6  # robots.txt, 4 pages, health probes
     assert "/health" in site.paths()
+
+
+def test_crawl_into_s3_with_local_state_resumes(servers: ServerThread, tmp_path: Path, s3_server: dict,
+                                                s3_bucket: str) -> None:
+    site = servers.start(Site("127.0.0.2", "a.test"))
+    site.article("/", "Home", [f"/p{i}" for i in range(5)])
+    for i in range(5):
+        site.article(f"/p{i}", f"Page {i}")
+    output = f"{s3_bucket}/raw"
+    options = {"state_dir": str(tmp_path / "state"), "storage_options": s3_server["storage_options"],
+               "warc": True}
+    first = crawl_sites(output, [site.url("/")], [site], max_pages=2, commit_every=1, **options)
+    assert 2 <= first.documents < 6
+    second = crawl_sites(output, [site.url("/")], [site], **options)
+    assert second.documents == 6
+    corpus = Corpus.open(output, s3_server["storage_options"])
+    assert all(result.ok for result in corpus.verify())
+    assert sorted(corpus.to_table(["final_url"])["final_url"].to_pylist()) == sorted(
+        [site.url("/")] + [site.url(f"/p{i}") for i in range(5)])
+    pages = {path: n for path, n in site.paths().items() if path != "/robots.txt"}  # robots.txt: once a run
+    assert len(corpus.manifest.extra["warc_files"]) >= 2 and set(pages.values()) == {1}
+    with pytest.raises(ValueError, match="needs state_dir"):
+        crawl_sites(output, [site.url("/")], [site])
