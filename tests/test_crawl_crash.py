@@ -95,3 +95,33 @@ def test_sigkill_at_random_moments_loses_nothing_and_refetches_nothing_committed
     reachable = {site.url(f"/p{i}") for i in range(PAGES)}
     assert {row["final_url"] for row in rows} == reachable  # nothing lost
     assert len(rows) == len(reachable)  # and no page committed twice
+
+
+def test_sigterm_stops_gracefully_and_commits(servers: ServerThread, tmp_path: Path) -> None:
+    site = Site("127.0.0.2", "slow.test")
+
+    async def page(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(0.05)
+        number = int(request.path.strip("/p") or 0)
+        return web.Response(text=f'<p>Page {number}</p><a href="/p{number + 1}">next</a>', content_type="text/html")
+
+    site.default = page
+    site.page("/robots.txt", "", status=404, content_type="text/plain")
+    servers.start(site)
+    out = tmp_path / "out"
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text(site.url("/p0") + "\n", encoding="utf-8")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "crawl", str(seeds), "-o", str(out), "--delay", "0", "--no-extract",
+         "--allow-network", "127.0.0.0/8", "--resolve", f"{site.name}={site.ip}", "--quiet", "--max-depth", "1000"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while len(site.hits) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    report = json.loads(stdout)
+    rows = documents(out)  # committed on the way out
+    assert len(rows) == report["documents"] >= 5 and report["queued"] >= 1  # stopped mid-crawl, link waiting
+    assert _done_urls(out) == {row["final_url"] for row in rows}
