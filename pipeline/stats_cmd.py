@@ -1,4 +1,8 @@
-"""``gristmill stats CORPUS``: the dedup statistics a corpus's manifest holds, readably or as JSON."""
+"""``gristmill stats CORPUS``: the dedup statistics a corpus's manifest holds, readably or as JSON.
+
+``--html FILE`` also writes the same statistics as a self-contained HTML page with charts
+(``pipeline.report.write_report``).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ TOP = 10  # rows shown per breakdown table
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("corpus", help="corpus folder or URL")
     parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    parser.add_argument("--html", metavar="FILE",
+                        help="also write a self-contained HTML report with charts to FILE (a local path)")
 
 
 def _table(title: str, rows: Mapping[str, Mapping[str, int]]) -> list[str]:
@@ -73,4 +79,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"gristmill stats: {args.corpus}: the manifest holds no statistics", file=sys.stderr)
         return 1
     print(json.dumps(corpus.stats, indent=2) if args.json else render(corpus.stats))
+    if args.html:
+        from pipeline.report import write_report
+
+        try:  # the similarity chart comes from the removed corpus the manifest names, when there is one
+            write_report(args.corpus, args.html)
+        except (CorpusError, OSError) as exc:
+            print(f"gristmill stats: --html {args.html}: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.html}", file=sys.stderr)  # stderr: --json output stays plain JSON
     return 0
