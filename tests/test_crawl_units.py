@@ -186,15 +186,17 @@ def test_extraction_pool_kills_a_document_that_overruns_and_keeps_working() -> N
 
     from crawlers.extract import ExtractionPool, ExtractionTimeout
 
-    pathological = "<html><body>" + "<div><p>deep " * 20_000 + "</p></div>" * 20_000 + "</body></html>"
+    # 20,000 one-cell tables: several seconds of trafilatura on any machine, against a 0.5 s limit
+    pathological = "<html><body>" + "".join(f"<table><tr><td><p>cell {i} " + "word " * 30 + "</p></td></tr></table>"
+                                            for i in range(20_000)) + "</body></html>"
     normal = "<html><body><article><p>" + "A perfectly ordinary paragraph about bridges. " * 20 + "</p></article></body></html>"
 
     async def run() -> tuple[str, str]:
-        pool = ExtractionPool(workers=1, timeout=0.3)
+        pool = ExtractionPool(workers=1, timeout=0.5)
         try:
             await pool.process(normal, "http://warm.example/")  # worker started and trafilatura imported
-            with pytest.raises(ExtractionTimeout, match="http://slow.example/: extraction took longer than 0.3s"):
-                await pool.process(pathological * 3, "http://slow.example/")
+            with pytest.raises(ExtractionTimeout, match="http://slow.example/: extraction took longer than 0.5s"):
+                await pool.process(pathological, "http://slow.example/")
             return await pool.process(normal, "http://after.example/")
         finally:
             pool.close()
