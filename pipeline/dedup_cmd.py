@@ -27,8 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", type=float, help="Jaccard similarity counted as near-duplicate (default 0.8)")
     parser.add_argument("--num-perm", type=int, help="MinHash permutations (default 128)")
     parser.add_argument("--ngram", type=int, help="words per shingle (default 5)")
-    parser.add_argument("--bands", type=int, help="LSH bands (with --rows; default: optimal for the threshold)")
+    parser.add_argument("--bands", type=int,
+                        help="LSH bands (with --rows; default: optimal for the threshold, recall-leaning with verification)")
     parser.add_argument("--rows", type=int, help="rows per LSH band (with --bands)")
+    parser.add_argument("--no-verify", dest="verify", action="store_false", default=None,
+                        help="link every LSH candidate pair; by default a pair is linked only when its estimated "
+                             "Jaccard reaches the threshold")
     parser.add_argument("--seed", type=int, help="MinHash seed (default dedup.DEFAULT_SEED)")
     parser.add_argument("--text-column", help="field holding the text (default 'text')")
     parser.add_argument("--id-column", help="field holding the id (default 'id'; generated when absent)")
@@ -71,6 +75,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
             values[name] = getattr(args, name)
     if args.keep_work:
         values["keep_work"] = True
+    if args.verify is False:
+        values["verify"] = False
     if not values.get("inputs") or not values.get("output"):
         raise DedupError("need INPUT... and -o OUTPUT (on the command line or in the job file)")
     return DedupConfig.from_mapping(values)

@@ -8,6 +8,9 @@ Stages (docs/PIPELINE.md has the details, the memory each needs and the statisti
 3. ``sign``     per split (Ray Data ``map_batches``): MinHash signatures of the exact survivors, band
                 hashes; shuffle (band hash, key) by hash.
 4. ``buckets``  per hash partition: candidate edges within each band bucket.
+   ``verify``   (unless ``--no-verify``) each candidate edge joined with its two documents' signatures
+                in two per-split hops (by the left key's split, then the right key's); only edges whose
+                estimated Jaccard reaches the threshold go on.
 5. ``cc``       rounds of large-star / small-star over hash-partitioned edges until stable.
 6. ``clusters`` labels joined with signatures per split, shuffled by label; survivor choice and the
                 estimated similarity of every removed member to its representative.
@@ -55,7 +58,7 @@ from pipeline.workdir import WorkDir, partition_of
 
 log = logging.getLogger("gristmill.dedup")
 
-STAGES = ("read", "exact", "sign", "buckets", "cc", "clusters", "write")
+STAGES = ("read", "exact", "sign", "buckets", "verify", "cc", "clusters", "write")
 INDEX_FOLDER = "_index"
 REJECTS_FOLDER = "_rejects"
 WORK_FOLDER = "_work"
@@ -76,6 +79,7 @@ EXACT_OUT_SCHEMA = pa.schema([
     ("key", pa.int64()), ("rep_key", pa.int64()), ("rep_id", pa.string()), ("copies", pa.int64()),
 ])
 BUCKET_SCHEMA = pa.schema([("hash", pa.uint64()), ("key", pa.int64())])
+CANDIDATE_SCHEMA = pa.schema([("left", pa.int64()), ("right", pa.int64())])
 REJECT_SCHEMA = pa.schema([
     ("source", pa.string()), ("position", pa.string()), ("kind", pa.string()), ("reason", pa.string()),
     ("bytes", pa.int64()), ("count", pa.int64()), ("origin", pa.string()),
@@ -116,8 +120,9 @@ class DedupConfig:
     threshold: float = 0.8
     num_perm: int = 128
     ngram: int = 5
-    bands: int | None = None  # with rows: override the (bands, rows) optimal_bands picks
+    bands: int | None = None  # with rows: override the (bands, rows) choose_bands picks
     rows: int | None = None
+    verify: bool = True  # link a candidate pair only when its estimated Jaccard reaches the threshold
     seed: int | None = None
     text_column: str = "text"
     id_column: str = "id"
@@ -151,6 +156,7 @@ class _Params:
     rows: int
     seed: int
     threshold: float
+    verify: bool = False  # candidate edges checked against the threshold; absent (False) in older indexes
 
     def hasher(self) -> Any:
         from dedup.minhash import MinHasher
@@ -159,7 +165,7 @@ class _Params:
 
 
 def _params(config: DedupConfig) -> _Params:
-    from dedup.lsh import optimal_bands
+    from dedup.lsh import choose_bands
     from dedup.minhash import DEFAULT_SEED
 
     if not 0.0 < config.threshold < 1.0:
@@ -171,9 +177,10 @@ def _params(config: DedupConfig) -> _Params:
         if bands * rows > config.num_perm:
             raise DedupError(f"{bands} bands x {rows} rows exceed num_perm {config.num_perm}")
     else:
-        bands, rows = optimal_bands(config.threshold, config.num_perm)
+        bands, rows = choose_bands(config.threshold, config.num_perm, verify=config.verify)
     seed = DEFAULT_SEED if config.seed is None else config.seed
-    return _Params(config.num_perm, config.ngram, int(bands), int(rows), int(seed), config.threshold)
+    return _Params(config.num_perm, config.ngram, int(bands), int(rows), int(seed), config.threshold,
+                   bool(config.verify))
 
 
 # -- context shared by every task ----------------------------------------------------------------
@@ -341,7 +348,12 @@ def _exact_partition(job: _Job, part: int) -> dict[str, Any]:
 
 def _write_by_split(job: _Job, folder: str, part: int, table: pa.Table) -> None:
     """Route a reducer's rows back to the split their key belongs to: ``folder/s=S/p=P.parquet``."""
-    splits = table["key"].to_numpy() >> KEY_BITS if table.num_rows else np.zeros(0, np.int64)
+    _route_by_split(job, folder, part, table, "key")
+
+
+def _route_by_split(job: _Job, folder: str, part: int, table: pa.Table, column: str) -> None:
+    """Rows to the split of the key in ``column``: ``folder/s=S/p=P.parquet``."""
+    splits = table[column].to_numpy() >> KEY_BITS if table.num_rows else np.zeros(0, np.int64)
     for split in np.unique(splits):
         job.work.write_table(f"{folder}/s={int(split):05d}/p={part:05d}.parquet",
                              table.filter(pa.array(splits == split)))
@@ -420,11 +432,67 @@ def _bucket_partition(job: _Job, part: int, cc_partitions: int) -> dict[str, Any
         keys = table["key"].to_numpy()
         hashes = table["hash"].to_numpy()
         left, right = bucket_edges(keys, hashes.reshape(-1, 1))
-        components.write_edges(job.work, "cc/r000", f"from-{part:05d}", left, right, components.round_op(0),
-                               cc_partitions)
+        if job.params.verify:  # to the split of the left key, where its signature is
+            _route_by_split(job, "verify_in", part, pa.table({"left": left, "right": right}, schema=CANDIDATE_SCHEMA), "left")
+        else:
+            components.write_edges(job.work, "cc/r000", f"from-{part:05d}", left, right, components.round_op(0),
+                                   cc_partitions)
         return {"edges": len(left)}
 
     return _json_record(job.work, f"buckets/done/p={part:05d}.json", compute)
+
+
+# -- stage 4b: verify ----------------------------------------------------------------------------
+def _signatures_of(job: _Job, split_index: int, keys: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """The signatures of ``keys`` (all of one split's signed documents), in the order of ``keys``."""
+    sigs = job.work.read_table(f"sigs/s={split_index:05d}.parquet", ["key", "signature"])
+    where = pc.index_in(keys, value_set=sigs["key"].combine_chunks())
+    if where.null_count:
+        raise DedupError(f"split {split_index}: a candidate edge names a document without a signature")
+    column = sigs["signature"].take(where)
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def _verify_left(job: _Job, split_index: int) -> dict[str, Any]:
+    """Hop 1: candidate edges whose left key is in this split get its signature, then go to the right key's split."""
+
+    def compute() -> dict[str, Any]:
+        edges = job.work.read_folder(f"verify_in/s={split_index:05d}", CANDIDATE_SCHEMA)
+        edges = edges.sort_by([("left", "ascending"), ("right", "ascending")])
+        edges = edges.append_column("left_signature", _signatures_of(job, split_index, edges["left"]))
+        _route_by_split(job, "verify_right", split_index, edges, "right")
+        return {"candidates": edges.num_rows}
+
+    return _json_record(job.work, f"verify/left/s={split_index:05d}.json", compute)
+
+
+def _verify_right(job: _Job, split_index: int, cc_partitions: int) -> dict[str, Any]:
+    """Hop 2: the right key's signature; edges at or above the threshold enter connected components."""
+
+    def compute() -> dict[str, Any]:
+        from dedup.lsh import estimated_jaccard
+
+        num_perm = job.params.num_perm
+        schema = CANDIDATE_SCHEMA.append(pa.field("left_signature", pa.list_(pa.uint64(), num_perm)))
+        edges = job.work.read_folder(f"verify_right/s={split_index:05d}", schema)
+        left, right = edges["left"].to_numpy(), edges["right"].to_numpy()
+        if edges.num_rows:
+            similar = estimated_jaccard(_list_matrix(edges["left_signature"], num_perm),
+                                        _list_matrix(_signatures_of(job, split_index, edges["right"]), num_perm))
+            close = similar >= job.params.threshold  # the test dedup.verify_edges applies
+            left, right = left[close], right[close]
+        components.write_edges(job.work, "cc/r000", f"from-{split_index:05d}", left, right, components.round_op(0),
+                               cc_partitions)
+        return {"candidates": edges.num_rows, "edges": int(left.size)}
+
+    return _json_record(job.work, f"verify/right/s={split_index:05d}.json", compute)
+
+
+def _verify(job: _Job, cc_partitions: int) -> dict[str, int]:
+    indices = job.all_split_indices  # --against pseudo-splits hold signatures too
+    _map_splits(_verify_left, job, indices)
+    records = _map_splits(lambda j, i: _verify_right(j, i, cc_partitions), job, indices)
+    return {"candidates": sum(r["candidates"] for r in records), "verified": sum(r["edges"] for r in records)}
 
 
 # -- stage 6: clusters ---------------------------------------------------------------------------
@@ -641,8 +709,14 @@ def _against(config: DedupConfig, params: _Params) -> list[str]:
     ours = dataclasses.asdict(params)
     for name in ("num_perm", "ngram", "bands", "rows", "seed"):
         if theirs.get(name) != ours[name]:
+            hint = ""
+            if name in ("bands", "rows") and bool(theirs.get("verify", False)) != params.verify:
+                # the default bands differ with and without verification; the index's own are what matter
+                hint = (f" (the index was built {'with' if theirs.get('verify') else 'without'} edge verification: "
+                        f"pass --bands {theirs.get('bands')} --rows {theirs.get('rows')}"
+                        f"{'' if theirs.get('verify') else ', or --no-verify'})")
             raise DedupError(f"--against {config.against}: its index was built with {name}={theirs.get(name)}, "
-                             f"this job uses {name}={ours[name]}; use the same settings")
+                             f"this job uses {name}={ours[name]}; use the same settings{hint}")
     root = config.against.rstrip("/")
     return [posixpath.join(root, name) if "://" not in root else f"{root}/{name}" for name in index["files"]]
 
@@ -732,7 +806,10 @@ def run_dedup(config: DedupConfig) -> dict[str, Any]:
     # Edges are few next to documents: size the components' partitions by the band rows they can come
     # from, so small jobs do not pay for many tiny tasks per round (the labels do not depend on it).
     cc_parts = max(1, min(job.num_partitions, -(-signed * params.bands // CC_ROWS_PER_PARTITION)))
-    stage("buckets", lambda: run_tasks(_bucket_partition, [(job, p, cc_parts) for p in parts]))
+    buckets = stage("buckets", lambda: run_tasks(_bucket_partition, [(job, p, cc_parts) for p in parts]))
+    edges = {"candidates": sum(r["edges"] for r in buckets)}
+    if params.verify:
+        edges = stage("verify", lambda: _verify(job, cc_parts))
     cc = stage("cc", lambda: components.connected_components(work, cc_parts, run_tasks, KEY_BITS))
     stage("clusters", lambda: _clusters(job, run_tasks))
     written = stage("write", lambda: _map_splits(_write_split, job, job.split_indices))
@@ -740,7 +817,7 @@ def run_dedup(config: DedupConfig) -> dict[str, Any]:
     totals: dict[str, Any] = {}
     for record in written:
         _merge(totals, record["stats"])
-    stats = _final_stats(totals, timings, resumed, cc, params, config, time.time() - started)
+    stats = _final_stats(totals, timings, resumed, {**cc, **edges}, params, config, time.time() - started)
     shards = [ShardInfo.from_dict(s) for record in written for s in record["shards"]]
     index_names = [f"{INDEX_FOLDER}/index-{i:05d}-{fingerprint[:12]}.parquet" for i in job.split_indices]
     extra = {"signature_index": {"files": index_names, "params": dataclasses.asdict(params)},

@@ -231,7 +231,10 @@ class InsertLog:
         self._syncing: asyncio.Future[None] | None = None
 
     def _header(self) -> bytes:
-        meta = json.dumps(params_to_dict(self.params), sort_keys=True).encode("utf-8")
+        # verify says how the bands were chosen, not what a record holds: left out, so logs written
+        # before the index recorded it still open
+        meta = {k: v for k, v in params_to_dict(self.params).items() if k != "verify"}
+        meta = json.dumps(meta, sort_keys=True).encode("utf-8")
         return LOG_MAGIC + struct.pack("<I", len(meta)) + meta
 
     def replay(self) -> Iterator[LogRecord]:

@@ -3,7 +3,11 @@
 The layout is the one ``gristmill dedup`` writes beside every corpus (pipeline/dedup_job.py, the single
 source of truth for the schema and parameters): Parquet files under ``_index/`` with one row per kept
 document (``id``, ``content_hash``, ``length``, ``signature``, ``bands``) and, in the corpus manifest,
-``extra.signature_index = {"files": [...], "params": {num_perm, ngram, bands, rows, seed, threshold}}``.
+``extra.signature_index = {"files": [...], "params": {num_perm, ngram, bands, rows, seed, threshold,
+verify}}`` (``verify``: whether the job checked candidate edges against the threshold, which also chose
+recall-leaning bands; indexes written before it existed lack it and read as ``False``). The service
+always checks candidates against the threshold, whatever the index says; ``verify`` only records how
+the bands were chosen, so an exported index and a later ``gristmill dedup --against`` agree.
 A corpus written by :func:`write_index` has no shards, only that index, which is what ``--against``
 reads.
 """
@@ -33,7 +37,10 @@ def params_to_dict(params: IndexParams) -> dict[str, Any]:
 
 
 def params_for(threshold: float, num_perm: int, ngram: int) -> IndexParams:
-    """The parameters ``gristmill dedup`` would pick for these settings (for an index that starts empty)."""
+    """The parameters ``gristmill dedup`` would pick for these settings (for an index that starts empty).
+
+    Verified (recall-leaning) bands: the service checks every candidate against the threshold.
+    """
     return _params(DedupConfig(inputs=[], output="", threshold=threshold, num_perm=num_perm, ngram=ngram))
 
 
@@ -47,6 +54,7 @@ def params_from_dict(values: Mapping[str, Any], where: str) -> IndexParams:
             rows=int(values["rows"]),
             seed=int(values["seed"]),
             threshold=float(values["threshold"]),
+            verify=bool(values.get("verify", False)),
         )
     except KeyError as exc:
         raise CorpusError(f"{where}: signature index parameters lack {exc}") from None

@@ -40,9 +40,9 @@ def _rows(url: str) -> list[dict]:
     return Corpus.open(url).to_table().to_pylist()
 
 
-def _oracle_kept(rows: list[dict], priority: list[int] | None = None) -> set[str]:
+def _oracle_kept(rows: list[dict], priority: list[int] | None = None, verify: bool = True) -> set[str]:
     result = deduplicate([r["text"] for r in rows], [r["id"] for r in rows], threshold=0.8, num_perm=128, ngram=5,
-                         verify=False, priority=priority)
+                         verify=verify, priority=priority)
     table = result.table
     return {i for i, s in zip(table["id"].to_pylist(), table["status"].to_pylist(), strict=True) if s == "kept"}
 
@@ -78,12 +78,28 @@ def test_mixed_input_accounting_adds_up_and_agrees_with_the_in_memory_oracle(
     assert sum(v["near_duplicate"] for v in stats["by_language"].values()) == docs["near_duplicate"]
     assert sum(int(size) * count for size, count in stats["cluster_sizes"].items()) <= docs["input"]
     assert stats["bytes"]["kept"] < stats["bytes"]["input_documents"]
-    assert set(stats["stage_seconds"]) == {"read", "exact", "sign", "buckets", "cc", "clusters", "write"}
+    assert set(stats["stage_seconds"]) == {"read", "exact", "sign", "buckets", "verify", "cc", "clusters", "write"}
+    assert stats["params"]["verify"] and (stats["params"]["bands"], stats["params"]["rows"]) == (14, 9)
+    assert stats["components"]["candidates"] >= stats["components"]["verified"] > 0
+    index = Corpus.open(out).manifest.extra["signature_index"]["params"]
+    assert index["verify"] is True and index["bands"] == 14
     # the rejects file names every bad record's file and position
     rejects = pq.read_table(tmp_path / "corpus" / Corpus.open(out).manifest.extra["rejects"]).to_pylist()
     assert sum(r["count"] for r in rejects) == docs["rejected"]
     assert any(r["source"].endswith("a.jsonl") and r["position"] == "line 22" for r in rejects)
     assert not (tmp_path / "corpus" / "_work").exists()  # removed after success unless --keep-work
+
+
+def test_without_verification_every_candidate_pair_links_as_in_the_unverified_oracle(
+        ray_local: None, mixed: tuple[Path, dict], tmp_path: Path) -> None:
+    root, _ = mixed
+    out, removed = str(tmp_path / "corpus"), str(tmp_path / "removed")
+    stats = run_dedup(DedupConfig(inputs=[str(root)], output=out, removed=removed, max_doc_bytes=MAX_DOC_BYTES,
+                                  split_bytes=40_000, num_partitions=3, verify=False))
+    kept, gone = _rows(out), _rows(removed)
+    assert {r["id"] for r in kept} == _oracle_kept(kept + gone, verify=False)
+    assert not stats["params"]["verify"] and (stats["params"]["bands"], stats["params"]["rows"]) == (9, 13)
+    assert "verify" not in stats["stage_seconds"] and "verified" not in stats["components"]
 
 
 def test_partition_count_does_not_change_a_byte(
@@ -124,6 +140,9 @@ def test_incremental_dedup_against_an_earlier_corpus_names_the_existing_match(
     together = old_rows + kept + gone
     expected = _oracle_kept(together, priority=[1] * len(old_rows) + [0] * (len(kept) + len(gone)))
     assert {r["id"] for r in kept} == expected - old_ids
+    with pytest.raises(DedupError, match="built with edge verification: pass --bands 14 --rows 9"):
+        run_dedup(DedupConfig(inputs=[str(tmp_path / "new.jsonl")], output=str(tmp_path / "third"), against=first,
+                              verify=False))
     with pytest.raises(DedupError, match="num_perm"):
         run_dedup(DedupConfig(inputs=[str(tmp_path / "new.jsonl")], output=str(tmp_path / "third"), against=first,
                               num_perm=64))
@@ -208,7 +227,8 @@ def test_cli_parser_accepts_every_documented_option() -> None:
     parser = argparse.ArgumentParser()
     dedup_cmd.add_arguments(parser)
     args = parser.parse_args(["in.jsonl", "-o", "out", "--bands", "16", "--rows", "8", "--num-perm", "128",
-                              "--text-column", "body", "--id-column", "uid", "--removed", "rm", "--keep-work"])
+                              "--text-column", "body", "--id-column", "uid", "--removed", "rm", "--keep-work", "--no-verify"])
     config = dedup_cmd.config_from_args(args)
-    assert (config.bands, config.rows, config.text_column, config.id_column, config.removed, config.keep_work) == (
-        16, 8, "body", "uid", "rm", True)
+    assert (config.bands, config.rows, config.text_column, config.id_column, config.removed, config.keep_work,
+            config.verify) == (16, 8, "body", "uid", "rm", True, False)
+    assert dedup_cmd.config_from_args(parser.parse_args(["in.jsonl", "-o", "out"])).verify is True
