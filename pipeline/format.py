@@ -48,6 +48,9 @@ CORPUS_SCHEMA = pa.schema(
     ]
 )
 REQUIRED_COLUMNS = ("id", "text")
+# Columns whose values are (nearly) unique per row: a dictionary page buys nothing and costs decode
+# time (measured 20% faster block decode for text without it, same file size; docs/FORMAT.md).
+UNIQUE_VALUED_COLUMNS = frozenset({"id", "text", "content_hash", "url", "final_url", "cluster_id"})
 
 
 class CorpusError(Exception):
@@ -260,7 +263,9 @@ class ShardWriter:
         self._shard_name = f"{self.name_prefix}-{self.run_id}-{len(self.shards):05d}.parquet"
         handle = self.fs.open(posixpath.join(self.root, self._shard_name), "wb")
         self._sink = _HashingSink(handle)
-        self._writer = pq.ParquetWriter(self._sink, self.schema, compression=self.compression)
+        dictionary_columns = [name for name in self.schema.names if name not in UNIQUE_VALUED_COLUMNS]
+        self._writer = pq.ParquetWriter(self._sink, self.schema, compression=self.compression,
+                                        use_dictionary=dictionary_columns)
         self._shard_rows = 0
 
     def _close_shard(self) -> None:
