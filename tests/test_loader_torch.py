@@ -77,10 +77,3 @@ def test_packed_batches_are_int32_tensors_with_pin_memory(corpus: tuple[str, lis
     assert all(b["segment_ids"].shape == b["tokens"].shape for b in batches)
     real = sum(int((b["segment_ids"] > 0).sum()) for b in batches)
     assert real == sum(len(t.encode()) + 1 for t in corpus[1])  # every byte plus one eos per document
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs an accelerator")
-def test_packed_batches_arrive_pinned(corpus: tuple[str, list[str]]) -> None:
-    dataset = StreamingDataset(corpus[0], batch_size=4, seq_len=64, world_size=1, rank=0)
-    batch = next(iter(StreamingDataLoader(dataset, num_workers=2, pin_memory=True)))
-    assert batch["tokens"].is_pinned()
