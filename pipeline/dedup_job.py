@@ -88,6 +88,8 @@ CLUSTER_OUT_SCHEMA = pa.schema([
     ("key", pa.int64()), ("cluster_id", pa.string()), ("cluster_size", pa.int64()), ("rep_key", pa.int64()),
     ("rep_id", pa.string()), ("similarity", pa.float64()),
 ])
+EXACT_BY_REP_SCHEMA = pa.schema([("key", pa.int64()), ("rep_key", pa.int64())])
+EXACT_CLUSTER_SCHEMA = pa.schema([("key", pa.int64()), ("cluster_id", pa.string()), ("cluster_size", pa.int64())])
 REMOVED_SCHEMA = CORPUS_SCHEMA.append(pa.field("removed_as", pa.string())).append(
     pa.field("duplicate_of", pa.string())).append(pa.field("similarity", pa.float64()))
 
@@ -341,6 +343,9 @@ def _exact_partition(job: _Job, part: int) -> dict[str, Any]:
             "rep_id": [ids[i] for i in rep_index], "copies": pa.array(sizes[labels], pa.int64()),
         }, schema=EXACT_OUT_SCHEMA)
         _write_by_split(job, "exact_out", part, out)
+        # the copies again, by their survivor's split: the clusters stage tells them its final cluster
+        copies = out.filter(pc.not_equal(out["key"], out["rep_key"])).select(["key", "rep_key"])
+        _route_by_split(job, "exact_by_rep", part, copies, "rep_key")
         return {"duplicates": int(len(keys) - np.count_nonzero(is_rep))}
 
     return _json_record(job.work, f"exact/done/p={part:05d}.json", compute)
@@ -546,9 +551,33 @@ def _cluster_reduce(job: _Job, part: int) -> dict[str, Any]:
     return _json_record(job.work, f"clusters/done/p={part:05d}.json", compute)
 
 
+def _exact_clusters(job: _Job, split_index: int) -> dict[str, Any]:
+    """Exact copies of this split's survivors that ended in a near cluster: that cluster's id and size.
+
+    Routed to the copy's split (``exact_clusters/s=S/p=R.parquet``), so an exact copy of a document
+    that was itself removed as a near duplicate names the final representative, not its twin.
+    """
+
+    def compute() -> dict[str, Any]:
+        copies = job.work.read_folder(f"exact_by_rep/s={split_index:05d}", EXACT_BY_REP_SCHEMA)
+        clusters = job.work.read_folder(f"clusters_out/s={split_index:05d}", CLUSTER_OUT_SCHEMA)
+        members = clusters["key"].combine_chunks()
+        copies = copies.filter(pc.is_in(copies["rep_key"], value_set=members))
+        copies = copies.sort_by([("key", "ascending")])
+        where = pc.index_in(copies["rep_key"], value_set=members)
+        out = pa.table({"key": copies["key"], "cluster_id": clusters["cluster_id"].take(where),
+                        "cluster_size": clusters["cluster_size"].take(where)}, schema=EXACT_CLUSTER_SCHEMA)
+        _route_by_split(job, "exact_clusters", split_index, out, "key")
+        return {"copies": out.num_rows}
+
+    return _json_record(job.work, f"clusters/exact/s={split_index:05d}.json", compute)
+
+
 def _clusters(job: _Job, run_tasks: Callable[..., list[Any]]) -> list[dict[str, Any]]:
     _map_splits(_cluster_map, job, job.all_split_indices)
-    return run_tasks(_cluster_reduce, [(job, p) for p in range(job.num_partitions)])
+    reduced = run_tasks(_cluster_reduce, [(job, p) for p in range(job.num_partitions)])
+    _map_splits(_exact_clusters, job, job.all_split_indices)
+    return reduced
 
 
 # -- stage 7: write ------------------------------------------------------------------------------
@@ -575,12 +604,11 @@ def _write_split_now(job: _Job, split_index: int) -> dict[str, Any]:
     rep_ids = exact["rep_id"].to_pylist()
     copies = exact["copies"].to_numpy()
     for row, pos in enumerate(exact_pos):
+        cluster_size[pos] = copies[row]  # the exact group, unless a near cluster holds its survivor (below)
         if rep_keys[row] != keys[pos]:
             status[pos] = 1
             duplicate_of[pos] = cluster_id[pos] = rep_ids[row]
             similarity[pos] = 1.0
-        else:
-            cluster_size[pos] = copies[row]
     cluster_pos = _positions(keys, clusters["key"].to_numpy())
     c_rep = clusters["rep_key"].to_numpy()
     c_id = clusters["cluster_id"].to_pylist()
@@ -594,6 +622,14 @@ def _write_split_now(job: _Job, split_index: int) -> dict[str, Any]:
             status[pos] = 2
             duplicate_of[pos] = c_rep_id[row]
             similarity[pos] = c_sim[row]
+    # exact copies whose survivor is in a near cluster: that cluster's representative and size
+    # (duplicate_of stays the exact twin, the document the copy's text is identical to)
+    resolved = job.work.read_folder(f"exact_clusters/s={split_index:05d}", EXACT_CLUSTER_SCHEMA)
+    resolved_ids = resolved["cluster_id"].to_pylist()
+    resolved_sizes = resolved["cluster_size"].to_numpy()
+    for row, pos in enumerate(_positions(keys, resolved["key"].to_numpy())):
+        cluster_id[pos] = resolved_ids[row]
+        cluster_size[pos] = resolved_sizes[row]
 
     base = docs.select(["id", "text", "source", "domain", "language", "fetch_time", "content_hash"])
     base = base.append_column("cluster_id", pa.array(cluster_id, pa.string()))
