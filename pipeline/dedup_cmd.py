@@ -83,9 +83,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.dedup_job import DedupError, run_dedup
+    from pipeline.dedup_job import STAGES, DedupError, run_dedup
     from pipeline.format import CorpusError
     from pipeline.inputs import InputError
+    from pipeline.progress import stage_bar
     from pipeline.stats_cmd import render
 
     try:
@@ -94,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
             import ray
 
             ray.init(address=args.ray_address)
-        stats = run_dedup(config)
+        bar, on_stage = stage_bar(STAGES if config.verify else tuple(s for s in STAGES if s != "verify"), "dedup")
+        with bar:
+            stats = run_dedup(config, on_stage=on_stage)
     except (DedupError, InputError, CorpusError, OSError, ValueError) as exc:
         print(f"gristmill dedup: {exc}", file=sys.stderr)
         return 2

@@ -784,8 +784,12 @@ def _map_splits(function: Callable[[_Job, int], dict[str, Any]], job: _Job, indi
     return [by_split[i] for i in indices]
 
 
-def run_dedup(config: DedupConfig) -> dict[str, Any]:
-    """Run the whole job (initialising local Ray if nothing is connected); returns the manifest stats."""
+def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the whole job (initialising local Ray if nothing is connected); returns the manifest stats.
+
+    ``on_stage(name)`` is called as each stage of ``STAGES`` finishes or is found finished (resume),
+    for progress bars.
+    """
     import ray
 
     if (config.num_partitions is not None and config.num_partitions < 1) or config.split_bytes < 1:
@@ -826,12 +830,15 @@ def run_dedup(config: DedupConfig) -> dict[str, Any]:
         record = work.read_json(f"stage-{name}.json")
         if record is not None:
             resumed.append(name)
-            return record["result"]
-        begin = time.time()
-        result = body()
-        timings[name] = round(time.time() - begin, 3)
-        work.write_json("timings.json", timings)
-        work.write_json(f"stage-{name}.json", {"result": result})
+            result = record["result"]
+        else:
+            begin = time.time()
+            result = body()
+            timings[name] = round(time.time() - begin, 3)
+            work.write_json("timings.json", timings)
+            work.write_json(f"stage-{name}.json", {"result": result})
+        if on_stage is not None:
+            on_stage(name)
         return result
 
     parts = list(range(job.num_partitions))

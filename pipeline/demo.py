@@ -16,12 +16,12 @@ import json
 import logging
 import shutil
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from pipeline.progress import progress_bar, stage_bar
 
 OUTPUT = Path("demo-output")
 EOS = "<|endoftext|>"
@@ -37,20 +37,13 @@ def _heading(step: int, text: str) -> None:
     _say(f"\n== {step}. {text} " + "=" * max(0, 72 - len(text)))
 
 
-def _bar(**kwargs: Any) -> Any:
-    """A tqdm bar that is silent when stdout is not a terminal (logs, CI, tests)."""
-    from tqdm import tqdm
-
-    return tqdm(disable=not sys.stdout.isatty(), dynamic_ncols=True, **kwargs)
-
-
 # -- 1-2: the site and the crawl -------------------------------------------------------------------
 def crawl_demo_site(site: Any, raw: Path) -> dict[str, Any]:
     """Crawl every demo site into ``raw`` (a raw corpus); returns the crawl summary."""
     import crawlers
 
     pages = sum(page.kind not in ("robots", "sitemap") for _, page in site.pages())
-    bar = _bar(total=pages, unit="page", desc="crawl")
+    bar = progress_bar(total=pages, unit="page", desc="crawl")
 
     def progress(report: dict[str, Any]) -> None:
         bar.n = report["fetched"]
@@ -69,44 +62,19 @@ def crawl_demo_site(site: Any, raw: Path) -> dict[str, Any]:
 
 
 # -- 3: dedup on Ray -------------------------------------------------------------------------------
-@contextmanager
-def stage_progress(work: Path, stages: tuple[str, ...]) -> Iterator[None]:
-    """A bar over the dedup job's stages, advanced as their completion records appear in its work folder."""
-    bar = _bar(total=len(stages), unit="stage", desc="dedup")
-    done = threading.Event()
-
-    def watch() -> None:
-        seen = 0
-        while not done.wait(0.2):
-            finished = [s for s in stages if (work / f"stage-{s}.json").exists()]
-            if len(finished) > seen:
-                bar.update(len(finished) - seen)
-                seen = len(finished)
-                bar.set_postfix_str(finished[-1])
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        yield
-        bar.n = len(stages)  # the job removes its work folder as it finishes; it got through every stage
-    finally:
-        done.set()
-        watcher.join()
-        bar.close()
-
-
 def deduplicate(raw: Path, corpus: Path, removed: Path) -> dict[str, Any]:
     """Run the dedup job on a local two-CPU Ray; returns the statistics it stored in the manifest."""
     import ray
 
-    from pipeline.dedup_job import STAGES, WORK_FOLDER, DedupConfig, run_dedup
+    from pipeline.dedup_job import STAGES, DedupConfig, run_dedup
 
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     config = DedupConfig(inputs=[str(raw)], output=str(corpus), removed=str(removed), num_partitions=2,
                          row_group_bytes=16 * 1024, shard_bytes=256 * 1024)
-    with stage_progress(corpus / WORK_FOLDER, STAGES):
-        return run_dedup(config)
+    bar, on_stage = stage_bar(STAGES, "dedup")
+    with bar:
+        return run_dedup(config, on_stage=on_stage)
 
 
 # -- 4: statistics, report, clusters ---------------------------------------------------------------
@@ -172,7 +140,7 @@ def stream_epoch(corpus_url: str, tokenizer_path: Path, batch_size: int, seq_len
     seen: dict[str, Any] = {"batches": 0, "tokens": 0, "padding": 0, "documents": 0}
     first: dict[str, Any] | None = None
     started = time.perf_counter()
-    with _bar(unit="batch", desc="epoch") as bar:
+    with progress_bar(unit="batch", desc="epoch") as bar:
         for batch in loader:
             tokens, segments = batch["tokens"], batch["segment_ids"]
             if first is None:

@@ -15,7 +15,7 @@ from test_pipeline_data import MAX_DOC_BYTES, documents, mixed_input, near_copy,
 
 from dedup import deduplicate
 from pipeline.cli import main
-from pipeline.dedup_job import DedupConfig, DedupError, run_dedup
+from pipeline.dedup_job import STAGES, DedupConfig, DedupError, run_dedup
 from pipeline.format import Corpus
 
 pytestmark = pytest.mark.timeout(240)
@@ -116,8 +116,10 @@ def test_partition_count_does_not_change_a_byte(
     manifests = []
     for partitions in (1, 7):
         out = str(tmp_path / f"p{partitions}")
+        finished: list[str] = []  # what a progress bar is told
         run_dedup(DedupConfig(inputs=[str(root)], output=out, max_doc_bytes=MAX_DOC_BYTES, split_bytes=40_000,
-                              num_partitions=partitions))
+                              num_partitions=partitions), on_stage=finished.append)
+        assert finished == list(STAGES)
         manifests.append(Corpus.open(out).manifest)
     assert [s.to_dict() for s in manifests[0].shards] == [s.to_dict() for s in manifests[1].shards]
 
