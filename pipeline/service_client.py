@@ -101,8 +101,8 @@ def _results(body: Mapping[str, Any]) -> list[CheckResult]:
     return [CheckResult.from_json(r) for r in body["results"]]
 
 
-class DedupClient:
-    """Blocking client (standard library only), for scripts and tests."""
+class _Endpoint:
+    """Where a client talks to and how: shared by the blocking and the asyncio client."""
 
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0,
                  batch_size: int = DEFAULT_BATCH) -> None:
@@ -110,6 +110,10 @@ class DedupClient:
         self.token = token
         self.timeout = timeout
         self.batch_size = batch_size
+
+
+class DedupClient(_Endpoint):
+    """Blocking client (standard library only), for scripts and tests."""
 
     def _call(self, method: str, path: str, payload: Any = None) -> Any:
         data = None if payload is None else json.dumps(payload).encode("utf-8")
@@ -139,16 +143,10 @@ class DedupClient:
         return self._call("GET", "/healthz")
 
 
-class AsyncDedupClient:
+class AsyncDedupClient(_Endpoint):
     """asyncio client over one aiohttp session (keep-alive); use as ``async with``."""
 
-    def __init__(self, url: str, token: str | None = None, *, timeout: float = 30.0,
-                 batch_size: int = DEFAULT_BATCH) -> None:
-        self.url = url.rstrip("/")
-        self.token = token
-        self.timeout = timeout
-        self.batch_size = batch_size
-        self._session: Any = None
+    _session: Any = None
 
     async def open(self) -> AsyncDedupClient:
         """Start the session (``async with`` does this); must run inside the event loop that uses it."""
