@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import itertools
 import json
 import os
 import random
@@ -28,6 +29,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from pipeline.progress import progress_bar
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -289,19 +292,21 @@ def run(data: str, repeats: int, workers: list[int], tools: list[str], out: str)
     with open(os.path.join(data, "prepare.json")) as handle:
         prepared = json.load(handle)
     results: list[dict[str, Any]] = []
-    for repeat in range(repeats):
-        for tool in tools:
-            for count in workers:
-                command = [sys.executable, os.path.abspath(__file__), "trial", "--data", data, "--tool", tool,
-                           "--workers", str(count)]
-                done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-                if done.returncode != 0:
-                    print(f"{tool} workers={count} failed:\n{done.stderr[-3000:]}", flush=True)
-                    continue
-                result = json.loads(done.stdout.strip().splitlines()[-1])
-                result["repeat"] = repeat
-                results.append(result)
-                print(json.dumps(result), flush=True)
+    trials = list(itertools.product(range(repeats), tools, workers))
+    with progress_bar(total=len(trials), unit="trial", desc="loader benchmark") as bar:
+        for repeat, tool, count in trials:
+            bar.set_postfix_str(f"{tool}, {count} workers")
+            command = [sys.executable, os.path.abspath(__file__), "trial", "--data", data, "--tool", tool,
+                       "--workers", str(count)]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+            bar.update(1)
+            if done.returncode != 0:
+                bar.write(f"{tool} workers={count} failed:\n{done.stderr[-3000:]}")
+                continue
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            result["repeat"] = repeat
+            results.append(result)
+            bar.write(json.dumps(result))
     with open(out, "w") as handle:
         json.dump({"prepared": prepared, "results": results}, handle, indent=1)
     print(table(prepared, results))
