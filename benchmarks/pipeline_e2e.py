@@ -130,11 +130,15 @@ class TreeMemory:
         return self.peak
 
 
+# Ray otherwise swaps 127.0.0.1 for the machine's network address; a one-machine benchmark stays on loopback.
+LOOPBACK_RAY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
 def _measure(command: list[str], log: Path) -> tuple[float, int]:
     started = time.perf_counter()
     with open(log, "w") as out:
         process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONPATH": str(REPO)})
+                                   env={**os.environ, "PYTHONPATH": str(REPO), **LOOPBACK_RAY})
         memory = TreeMemory(process.pid)
         code = process.wait()
     wall = time.perf_counter() - started

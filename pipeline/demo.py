@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
 import time
@@ -22,6 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.progress import progress_bar, stage_bar
+
+# The demo's Ray is private to this machine: keep it on loopback (Ray otherwise swaps 127.0.0.1 for the
+# machine's network address). Set before anything imports Ray, which reads it once.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 OUTPUT = Path("demo-output")
 EOS = "<|endoftext|>"
