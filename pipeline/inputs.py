@@ -261,17 +261,7 @@ def _jsonl_record(item: InputFile, lineno: int, raw: bytes, options: ReadOptions
     except UnicodeEncodeError as exc:  # JSON may escape lone surrogates ("\ud800"), which are not text
         return Reject(item.url, position, "invalid_utf8", f"invalid Unicode in text ({exc.reason} at {exc.start})",
                       len(raw))
-    url = record.get("url")
-    doc = Doc(
-        id=_optional_str(record.get(options.id_column)),
-        text=text,
-        source=str(url) if url else item.url,
-        domain=_optional_str(record.get("domain")) or domain_of(url),
-        language=_optional_str(record.get("language")),
-        fetch_time=_parse_time(record.get("fetch_time")),
-        position=position,
-    )
-    return _check(doc, size, options)
+    return _check(_record_doc(item, position, text, record.get("url"), record, options), size, options)
 
 
 _PARQUET_EXTRA = ("url", "final_url", "source", "domain", "language", "fetch_time")
@@ -322,16 +312,21 @@ def _parquet_record(item: InputFile, row: int, raw: bytes | None, values: Mappin
     except UnicodeDecodeError as exc:
         return Reject(item.url, position, "invalid_utf8", f"invalid UTF-8 at byte {exc.start}", len(raw))
     url = values.get("final_url") or values.get("url") or values.get("source")
-    doc = Doc(
-        id=_optional_str(values.get(options.id_column)),
+    return _check(_record_doc(item, position, text, url, values, options), len(raw), options)
+
+
+def _record_doc(item: InputFile, position: str, text: str, url: Any, fields: Mapping[str, Any],
+                options: ReadOptions) -> Doc:
+    """A document from one JSONL record or Parquet row: its URL (else the file) is the source."""
+    return Doc(
+        id=_optional_str(fields.get(options.id_column)),
         text=text,
         source=str(url) if url else item.url,
-        domain=_optional_str(values.get("domain")) or domain_of(url),
-        language=_optional_str(values.get("language")),
-        fetch_time=_parse_time(values.get("fetch_time")),
+        domain=_optional_str(fields.get("domain")) or domain_of(url),
+        language=_optional_str(fields.get("language")),
+        fetch_time=_parse_time(fields.get("fetch_time")),
         position=position,
     )
-    return _check(doc, len(raw), options)
 
 
 def _read_warc(item: InputFile, options: ReadOptions,
