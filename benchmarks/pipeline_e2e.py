@@ -7,9 +7,11 @@ Input: real source and documentation files from this machine (several Python ver
 (psutil, datatrove); gristmill itself runs from .venv. Both tools read the same shards
 with the same MinHash settings (5-word shingles, 14 bands x 8 rows = 112 permutations, datatrove's
 defaults) and 2 workers. Each run is a fresh process (Ray start-up included for gristmill);
-reported: wall time, MB/s, peak memory (sum of the RSS of the whole process tree, sampled every
-0.2 s; shared pages such as Ray's object store count once per process that maps them), and the
-agreement of the two removed sets. Medians over ``--runs``; the machine is shared, so expect noise.
+reported: wall time, MB/s, CPU seconds of the whole process tree, peak memory of that tree sampled
+every 0.2 s as the sum of PSS (shared pages, such as Ray's object store or pages inherited across
+fork, split among the processes that map them) and as the sum of RSS (shared pages counted once per
+process), and the agreement of the two removed sets. The process breakdown at the PSS peak is
+written beside each tool's log. Medians over ``--runs``; the machine is shared, so expect noise.
 
     .venv-bench/bin/python benchmarks/pipeline_e2e.py --bytes 1100000000 --runs 3
     .venv-bench/bin/python benchmarks/pipeline_e2e.py --bytes 120000000 --runs 3 --tools gristmill,datatrove
@@ -95,13 +97,21 @@ def _version_free(path: str) -> tuple[str, str]:
 
 
 class TreeMemory:
-    """Peak of the summed RSS of a process and all its descendants, sampled on a thread."""
+    """Peaks of the summed RSS and PSS of a process and all its descendants, and their CPU seconds.
+
+    RSS counts a shared page (Ray's object store, pages inherited across fork) once per process that
+    maps it; PSS splits it among them, so the PSS sum is the tree's real footprint. CPU seconds
+    (user + system, the last reading of every process seen) do not depend on how loaded the machine
+    is, so they compare the tools' work even when wall times are noisy.
+    """
 
     def __init__(self, pid: int, interval: float = 0.2) -> None:
         import psutil
 
         self.root = psutil.Process(pid)
-        self.peak = 0
+        self.peak = self.peak_pss = 0
+        self.breakdown: list[tuple[str, int, int]] = []
+        self._cpu: dict[tuple[int, float], float] = {}
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -115,26 +125,36 @@ class TreeMemory:
                 processes = [self.root, *self.root.children(recursive=True)]
             except psutil.NoSuchProcess:
                 return
-            total = 0
+            rss = pss = 0
+            rows = []
             for process in processes:
                 try:
-                    total += process.memory_info().rss
-                except psutil.NoSuchProcess:
-                    pass
-            self.peak = max(self.peak, total)
+                    with process.oneshot():
+                        memory = process.memory_full_info()
+                        times = process.cpu_times()
+                        name = " ".join(process.cmdline()[:3])[-60:] or process.name()
+                        self._cpu[(process.pid, process.create_time())] = times.user + times.system
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                rss, pss = rss + memory.rss, pss + memory.pss
+                rows.append((name, memory.rss, memory.pss))
+            self.peak = max(self.peak, rss)
+            if pss > self.peak_pss:
+                self.peak_pss, self.breakdown = pss, sorted(rows, key=lambda row: -row[2])
             time.sleep(self.interval)
 
-    def stop(self) -> int:
+    def stop(self) -> dict[str, Any]:
         self._stop.set()
         self._thread.join()
-        return self.peak
+        return {"peak": self.peak, "peak_pss": self.peak_pss, "cpu": sum(self._cpu.values()),
+                "breakdown": self.breakdown}
 
 
 # Ray otherwise swaps 127.0.0.1 for the machine's network address; a one-machine benchmark stays on loopback.
 LOOPBACK_RAY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
-def _measure(command: list[str], log: Path) -> tuple[float, int]:
+def _measure(command: list[str], log: Path) -> dict[str, Any]:
     started = time.perf_counter()
     with open(log, "w") as out:
         process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
@@ -142,10 +162,11 @@ def _measure(command: list[str], log: Path) -> tuple[float, int]:
         memory = TreeMemory(process.pid)
         code = process.wait()
     wall = time.perf_counter() - started
-    peak = memory.stop()
+    measured = memory.stop()
     if code != 0:
         raise RuntimeError(f"{command[:4]} failed with {code}; see {log}")
-    return wall, peak
+    (log.parent / f"{log.stem}-memory-at-peak.json").write_text(json.dumps(measured["breakdown"], indent=1))
+    return {"wall": wall, **measured}
 
 
 def run_gristmill(inputs: Path, work: Path) -> dict[str, Any]:
@@ -153,20 +174,19 @@ def run_gristmill(inputs: Path, work: Path) -> dict[str, Any]:
     command = [str(REPO / ".venv" / "bin" / "python"), "-m", "pipeline.cli", "dedup", str(inputs), "-o", str(out),
                "--removed", str(removed), "--num-perm", str(NUM_PERM), "--bands", str(BANDS), "--rows", str(ROWS),
                "--ngram", str(NGRAM)]
-    wall, peak = _measure(command, work / "gristmill.log")
+    measured = _measure(command, work / "gristmill.log")
     sys.path.insert(0, str(REPO))
     from pipeline.format import Corpus
 
     corpus = Corpus.open(str(removed))
     ids = set(corpus.to_table(["id"])["id"].to_pylist())
     stats = Corpus.open(str(out)).stats
-    return {"wall": wall, "peak": peak, "removed": ids, "stage_seconds": stats["stage_seconds"],
-            "documents": stats["documents"]}
+    return {**measured, "removed": ids, "stage_seconds": stats["stage_seconds"], "documents": stats["documents"]}
 
 
 def run_datatrove(inputs: Path, work: Path) -> dict[str, Any]:
     command = [str(REPO / ".venv-bench" / "bin" / "python"), __file__, "--datatrove-job", str(inputs), str(work)]
-    wall, peak = _measure(command, work / "datatrove.log")
+    measured = _measure(command, work / "datatrove.log")
     ids = set()
     for path in glob.glob(str(work / "removed" / "*.jsonl*")):
         import gzip
@@ -174,7 +194,7 @@ def run_datatrove(inputs: Path, work: Path) -> dict[str, Any]:
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as handle:
             ids.update(json.loads(line)["id"] for line in handle)
-    return {"wall": wall, "peak": peak, "removed": ids}
+    return {**measured, "removed": ids}
 
 
 def _encode_strings_for_xxhash() -> None:
@@ -223,19 +243,23 @@ def datatrove_job(inputs: str, work: str) -> None:
 def _table(results: dict[str, list[dict[str, Any]]], text_bytes: int, documents: int) -> str:
     lines = [f"input: {text_bytes / 1e6:.0f} MB of text, {documents:,} documents",
              "",
-             "| tool | runs | median wall s | MB/s | median peak memory (GiB) | removed docs | 1-min load before runs |",
-             "|---|---|---|---|---|---|---|"]
-    medians = {}
+             "| tool | runs | median wall s | MB/s | CPU s | peak PSS GiB | peak RSS GiB | removed docs | "
+             "1-min load before runs |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    medians, cpus = {}, {}
     for tool, runs in results.items():
         wall = statistics.median(r["wall"] for r in runs)
         peak = statistics.median(r["peak"] for r in runs)
-        medians[tool] = wall
+        pss = statistics.median(r["peak_pss"] for r in runs)
+        cpu = statistics.median(r["cpu"] for r in runs)
+        medians[tool], cpus[tool] = wall, cpu
         loads = ", ".join(f"{r['load']:.1f}" for r in runs)
-        lines.append(f"| {tool} | {len(runs)} | {wall:.1f} | {text_bytes / 1e6 / wall:.2f} | {peak / 2**30:.2f} | "
-                     f"{len(runs[-1]['removed']):,} | {loads} |")
+        lines.append(f"| {tool} | {len(runs)} | {wall:.1f} | {text_bytes / 1e6 / wall:.2f} | {cpu:.0f} | "
+                     f"{pss / 2**30:.2f} | {peak / 2**30:.2f} | {len(runs[-1]['removed']):,} | {loads} |")
     if len(medians) == 2:
         lines.append("")
-        lines.append(f"speed ratio gristmill / datatrove: {medians['datatrove'] / medians['gristmill']:.1f}x")
+        lines.append(f"speed ratio gristmill / datatrove: {medians['datatrove'] / medians['gristmill']:.1f}x wall, "
+                     f"{cpus['datatrove'] / cpus['gristmill']:.1f}x CPU seconds")
         g, d = results["gristmill"][-1]["removed"], results["datatrove"][-1]["removed"]
         both = len(g & d)
         lines.append(f"removed-set agreement: {both:,} in both, {len(g - d):,} only gristmill, {len(d - g):,} only "
@@ -269,7 +293,8 @@ def main() -> None:
             result = runners[tool](inputs, work)
             result["load"] = load
             results.setdefault(tool, []).append(result)
-            print(f"run {run + 1} {tool}: {result['wall']:.1f} s, peak {result['peak'] / 2**30:.2f} GiB, "
+            print(f"run {run + 1} {tool}: {result['wall']:.1f} s, {result['cpu']:.0f} CPU s, peak PSS "
+                  f"{result['peak_pss'] / 2**30:.2f} GiB (RSS {result['peak'] / 2**30:.2f}), "
                   f"{len(result['removed']):,} removed", flush=True)
     report = _table(results, info["text_bytes"], info["documents"])
     print(report)

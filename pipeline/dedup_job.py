@@ -2,10 +2,10 @@
 
 Stages (docs/PIPELINE.md has the details, the memory each needs and the statistics):
 
-1. ``read``     per split (Ray Data): parse, reject bad records, normalise + exact hash, write the
+1. ``read``     per split (Ray tasks): parse, reject bad records, normalise + exact hash, write the
                 documents; shuffle (content hash, key) by hash.
 2. ``exact``    per hash partition (Ray tasks): one survivor per content hash.
-3. ``sign``     per split (Ray Data ``map_batches``): MinHash signatures of the exact survivors, band
+3. ``sign``     per split: MinHash signatures of the exact survivors, band
                 hashes; shuffle (band hash, key) by hash.
 4. ``buckets``  per hash partition: candidate edges within each band bucket.
    ``verify``   (unless ``--no-verify``) each candidate edge joined with its two documents' signatures
@@ -768,20 +768,15 @@ def _make_runner(ray: Any) -> Callable[..., list[Any]]:
 
 
 def _map_splits(function: Callable[[_Job, int], dict[str, Any]], job: _Job, indices: list[int]) -> list[dict[str, Any]]:
-    """A per-split stage on Ray Data: one block per split, streamed, retried on node failure."""
-    import ray.data
+    """A per-split stage: one Ray task per split, retried when its node dies.
 
-    if not indices:
-        return []
+    Plain tasks rather than Ray Data: each split is one opaque unit whose data goes through the work
+    folder, and Ray Data's executor cost 3 s of start-up and two helper actors (~240 MB) per job here
+    for nothing it does (docs/BENCHMARKS.md, pipeline).
+    """
+    import ray
 
-    def apply(batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
-        results = [json.dumps(function(job, int(i))) for i in batch["split"]]
-        return {"split": list(batch["split"]), "result": results}
-
-    dataset = ray.data.from_items([{"split": i} for i in indices], override_num_blocks=len(indices))
-    rows = dataset.map_batches(apply, batch_size=1, num_cpus=1).take_all()  # Ray Data retries tasks of dead nodes
-    by_split = {int(r["split"]): json.loads(r["result"]) for r in rows}
-    return [by_split[i] for i in indices]
+    return _make_runner(ray)(function, [(job, i) for i in indices]) if indices else []
 
 
 def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -816,12 +811,6 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
         address = os.environ.get("RAY_ADDRESS") or "local"
         local = {"include_dashboard": False} if address == "local" else {}  # the dashboard costs seconds
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
-    import ray.data
-
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    context.print_on_execution_start = False
     run_tasks = _make_runner(ray)
     timings: dict[str, float] = dict(work.read_json("timings.json") or {})
     resumed: list[str] = []
