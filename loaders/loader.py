@@ -11,7 +11,8 @@ import math
 import os
 import sys
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -233,6 +234,24 @@ class StreamingLoader:
         yield from batches
         self.set_epoch(self.epoch + 1)
 
+    def units(self, max_batches: int, allocate: Callable[[int, Any], Any] = np.empty) -> Iterator[Unit]:
+        """This worker's stream as ``Unit``s of up to ``max_batches`` batches, then one empty ``last`` unit.
+
+        For moving batches between processes in few, large pieces (the PyTorch adapter's workers). Units
+        grow 1, 2, 4, … batches so the first batch is not held back, and every worker's units have the
+        same sizes, so DataLoader's round-robin delivers them in the order the batches are needed.
+        ``allocate(size, dtype)`` makes each flat buffer (e.g. in shared memory); ``np.asarray`` of it must
+        be a writable view. Batches counted here are the worker's; the receiver counts the rank's.
+        """
+        order, specs, split = self._plan()
+        spec = specs[self.rank * self.num_workers + self.worker_id]
+        if self.seq_len is None:
+            yield from self._document_units(order, spec, split, max_batches, allocate)
+        else:
+            yield from self._packed_units(order, spec, max_batches, allocate)
+        yield Unit(self.worker_id, last=True)
+        self.set_epoch(self.epoch + 1)
+
     def _prefetcher(self, order: EpochOrder, spec: StreamSpec, start: int, prepare: Any,
                     expansion: float) -> Prefetcher:
         return Prefetcher(self.source, order, spec, start, prepare, budget_bytes=self.prefetch_bytes,
@@ -241,25 +260,71 @@ class StreamingLoader:
     def _count(self, blocks: np.ndarray) -> None:
         self.counters.add(batches=1, distinct_blocks_in_batches=len(np.unique(blocks)))
 
-    def _documents(self, order: EpochOrder, spec: StreamSpec, split: Split) -> Iterator[Any]:
-        """Document batches of this worker's stream, resuming after ``self._batches`` batches of the rank."""
+    def _document_windows(self, order: EpochOrder, spec: StreamSpec, split: Split) -> Iterator[tuple[Window, int]]:
+        """Windows of this worker's stream and the row each starts at (whole batches), resuming after
+        ``self._batches`` batches of the rank."""
         start = consumed_by_batches(split, self.num_workers, self.batch_size, self._batches)[self.worker_id]
         if start >= len(spec.positions):
             return
-        python = self.output != "arrow"
+        arrow = self.output == "arrow"
 
         def prepare(table: pa.Table) -> tuple[Any, int]:
-            return (_Block(table), 2 * table.nbytes) if python else (table, table.nbytes)
+            return (table if arrow else _Block(table)), table.nbytes
 
-        build = {"python": _python_batch, "utf8": _utf8_batch}.get(self.output)
-        for window in self._prefetcher(order, spec, start, prepare, 2.0 if python else 1.0):
+        for window in self._prefetcher(order, spec, start, prepare, 1.0):
             for begin in range(0, len(window.rows), self.batch_size):
-                blocks = window.blocks[begin:begin + self.batch_size]
-                rows = window.rows[begin:begin + self.batch_size]
-                batch = build(window, blocks, rows, self.columns) if build else _arrow_batch(window, blocks, rows)
-                self._count(blocks)
-                self._batches += 1
-                yield batch
+                yield window, begin
+
+    def _documents(self, order: EpochOrder, spec: StreamSpec, split: Split) -> Iterator[Any]:
+        """Document batches of this worker's stream."""
+        build = {"python": _python_batch, "utf8": _utf8_batch}.get(self.output)
+        for window, begin in self._document_windows(order, spec, split):
+            blocks = window.blocks[begin:begin + self.batch_size]
+            rows = window.rows[begin:begin + self.batch_size]
+            batch = build(window, blocks, rows, self.columns) if build else _arrow_batch(window, blocks, rows)
+            self._count(blocks)
+            self._batches += 1
+            yield batch
+
+    def _document_units(self, order: EpochOrder, spec: StreamSpec, split: Split, max_batches: int,
+                        allocate: Callable[[int, Any], Any]) -> Iterator[Unit]:
+        """Runs of consecutive batches within one window gathered into flat buffers (see ``units``)."""
+        unit: Unit | None = None
+        for window, begin in self._document_windows(order, spec, split):
+            if unit is None:
+                unit = Unit(self.worker_id, window=window, begin=begin)
+            blocks = window.blocks[begin:begin + self.batch_size]
+            unit.sizes.append(len(blocks))
+            self._count(blocks)
+            self._batches += 1
+            if len(unit.sizes) == max_batches or begin + self.batch_size >= len(window.rows):
+                yield self._gather(unit, allocate)
+                unit = None
+
+    def _gather(self, unit: Unit, allocate: Callable[[int, Any], Any]) -> Unit:
+        """Fill a document unit: each text column's rows as one UTF-8 buffer plus int64 offsets."""
+        window, end = unit.window, unit.begin + sum(unit.sizes)
+        assert window is not None
+        blocks, rows = window.blocks[unit.begin:end], window.rows[unit.begin:end]
+        for name in self.columns:
+            views = {b: window.data[b].utf8(name) for b in np.unique(blocks).tolist()}
+            if any(v is None for v in views.values()):
+                unit.columns[name] = _python_batch(window, blocks, rows, [name])[name]
+                continue
+            starts, ends = np.empty(len(rows), np.int64), np.empty(len(rows), np.int64)
+            for block, (offsets, _) in views.items():  # type: ignore[misc]
+                where = blocks == block
+                starts[where], ends[where] = offsets[rows[where]], offsets[rows[where] + 1]
+            bounds = np.zeros(len(rows) + 1, dtype=np.int64)
+            np.cumsum(ends - starts, out=bounds[1:])
+            text, out_offsets = allocate(int(bounds[-1]), np.uint8), allocate(len(bounds), np.int64)
+            np.asarray(out_offsets)[:] = bounds
+            target = memoryview(np.asarray(text))
+            for block, at, begin, stop in zip(blocks.tolist(), bounds.tolist(), starts.tolist(), ends.tolist()):
+                target[at:at + stop - begin] = views[block][1][begin:stop]  # type: ignore[index]
+            unit.columns[name] = (out_offsets, text)
+        unit.window = None
+        return unit
 
     # -- packed tokens ----------------------------------------------------------------------------
     def _steps(self) -> int | None:
@@ -276,8 +341,12 @@ class StreamingLoader:
         _, _, split = self._plan()
         return int(split.per_rank * self._tokens_per_row // (self.batch_size * self.seq_len))
 
-    def _packed(self, order: EpochOrder, spec: StreamSpec) -> Iterator[dict[str, Any]]:
-        """Packed batches of this worker's stream; every rank yields ``_steps()`` of them when set."""
+    def _packed(self, order: EpochOrder, spec: StreamSpec,
+                alloc: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None) -> Iterator[dict[str, Any]]:
+        """Packed batches of this worker's stream; every rank yields ``_steps()`` of them when set.
+
+        ``alloc(rows)`` gives the (tokens, segment_ids) arrays each batch is written into.
+        """
         assert self.tokenizer is not None and self.seq_len is not None
         tokenizer, seq_len, size = self.tokenizer, self.seq_len, self.batch_size
         steps = self._steps()
@@ -291,7 +360,7 @@ class StreamingLoader:
             flat, offsets = tokenizer.encode_block(table.column("text"))
             return (flat, offsets), flat.nbytes + offsets.nbytes
 
-        packer = _Packer(seq_len, size, tokenizer.eos_id, self.pad_id, docs, skip)
+        packer = _Packer(seq_len, size, tokenizer.eos_id, self.pad_id, docs, skip, alloc)
         windows = self._prefetcher(order, spec, docs, prepare, 1.0) if docs < len(spec.positions) else iter(())
         yielded = done
 
@@ -313,6 +382,45 @@ class StreamingLoader:
             yielded += 1
             yield self._emit(packer.padding())
 
+    def _packed_units(self, order: EpochOrder, spec: StreamSpec, max_batches: int,
+                      allocate: Callable[[int, Any], Any]) -> Iterator[Unit]:
+        """Packed batches written straight into each unit's buffers (see ``units``)."""
+        assert self.seq_len is not None
+        length, size = self.seq_len, self.batch_size
+        units = 0
+        unit: Unit | None = None
+        arrays: tuple[np.ndarray, np.ndarray] = (np.empty((0, length), np.int32),) * 2
+        used = 0
+
+        def alloc(rows: int) -> tuple[np.ndarray, np.ndarray]:
+            nonlocal unit, arrays, used, units
+            if unit is None:
+                capacity = min(max_batches, 2 ** min(units, 30)) * size
+                units += 1
+                buffers = [allocate(capacity * length, np.int32) for _ in range(2)]
+                unit = Unit(self.worker_id, columns=dict(zip(("tokens", "segment_ids"), buffers)))
+                arrays = tuple(np.asarray(b).reshape(capacity, length) for b in buffers)  # type: ignore[assignment]
+                used = 0
+            used += rows
+            return arrays[0][used - rows:used], arrays[1][used - rows:used]
+
+        def finish() -> Unit:
+            nonlocal unit
+            done, unit = unit, None
+            assert done is not None
+            rows = sum(done.sizes) * length
+            done.columns = {name: buffer[:rows] for name, buffer in done.columns.items()}
+            return done
+
+        for batch in self._packed(order, spec, alloc):
+            assert unit is not None
+            unit.sizes.append(len(batch["tokens"]))
+            unit.positions.append(batch["position"])
+            if used == len(arrays[0]):
+                yield finish()
+        if unit is not None and unit.sizes:  # (a batch taken past the step quota is not part of it)
+            yield finish()
+
     def _emit(self, batch: _Packed) -> dict[str, Any]:
         tokens, segments, position, blocks = batch
         self._count(blocks)
@@ -323,22 +431,42 @@ class StreamingLoader:
         return {"tokens": tokens, "segment_ids": segments, "position": position, "worker": self.worker_id}
 
 
+@dataclass
+class Unit:
+    """Consecutive batches of one worker's stream in a few flat buffers, to cross processes in one piece.
+
+    ``sizes`` are the rows of each batch. Documents: ``columns`` maps a string column to ``(offsets,
+    utf8)`` buffers (int64 offsets, ``len + 1``) and any other column to a list. Packed tokens:
+    ``columns`` holds ``tokens`` and ``segment_ids`` as ``[rows, seq_len]`` int32 and ``positions``
+    each batch's stream position. ``last`` marks the empty unit that ends a worker's stream.
+    """
+
+    worker: int
+    sizes: list[int] = field(default_factory=list)
+    columns: dict[str, Any] = field(default_factory=dict)
+    positions: list[tuple[int, int]] = field(default_factory=list)
+    last: bool = False
+    window: Window | None = None  # documents, while gathering: the window the rows come from
+    begin: int = 0
+
+
 _PYLIST_ROWS = 64
 
 
 class _Block:
-    """A decoded block whose columns become Python lists on first use, in the consuming thread.
+    """A decoded block, read by the consuming thread one batch at a time.
 
-    Conversion holds the GIL, so it is kept off the fetch threads (which then only decode, GIL-free)
-    and done once per block rather than once per batch.
+    String columns become Python strings straight from Arrow's buffers as each batch needs them, so a
+    block costs its Arrow size only; other columns become Python lists once, on first use.
     """
 
-    __slots__ = ("table", "lists", "buffers")
+    __slots__ = ("table", "lists", "buffers", "starts")
 
     def __init__(self, table: pa.Table) -> None:
         self.table = table
         self.lists: dict[str, list] = {}
         self.buffers: dict[str, tuple[np.ndarray, memoryview] | None] = {}
+        self.starts: dict[str, list[int]] = {}
 
     def utf8(self, name: str) -> tuple[np.ndarray, memoryview] | None:
         """(offsets, bytes) of a string column without nulls, as views of Arrow's buffers; else None."""
@@ -349,9 +477,19 @@ class _Block:
                 _, offsets, data = column.buffers()
                 width = np.int64 if pa.types.is_large_string(column.type) else np.int32
                 found = (np.frombuffer(offsets, dtype=width)[column.offset: column.offset + len(column) + 1],
-                         memoryview(data) if data is not None else memoryview(b""))
+                         memoryview(data).cast("B") if data is not None else memoryview(b""))
             self.buffers[name] = found
         return self.buffers[name]
+
+    def getter(self, name: str) -> Callable[[int], Any]:
+        """A function from row number to the column's Python value."""
+        views = self.utf8(name)
+        if views is None:
+            return self.column(name).__getitem__
+        if name not in self.starts:
+            self.starts[name] = views[0].tolist()
+        starts, data = self.starts[name], views[1]
+        return lambda row: str(data[starts[row]:starts[row + 1]], "utf-8")
 
     def column(self, name: str) -> list:
         values = self.lists.get(name)
@@ -362,14 +500,16 @@ class _Block:
             for start in range(0, len(column), _PYLIST_ROWS):
                 values.extend(column.slice(start, _PYLIST_ROWS).to_pylist())
             self.lists[name] = values
-            self.table = self.table.drop_columns([name])  # the Arrow copy is not needed again: free it now
         return values
 
 
 def _python_batch(window: Window, blocks: np.ndarray, rows: np.ndarray, columns: list[str]) -> dict[str, list]:
-    data = window.data
     pairs = list(zip(blocks.tolist(), rows.tolist()))
-    return {c: [data[b].column(c)[r] for b, r in pairs] for c in columns}
+    out = {}
+    for name in columns:
+        getters = {b: window.data[b].getter(name) for b in set(blocks.tolist())}
+        out[name] = [getters[b](r) for b, r in pairs]
+    return out
 
 
 def _utf8_batch(window: Window, blocks: np.ndarray, rows: np.ndarray, columns: list[str]) -> dict[str, Any]:
@@ -423,7 +563,7 @@ class _Packer:
     """
 
     def __init__(self, seq_len: int, batch_size: int, eos_id: int | None, pad_id: int, docs: int,
-                 skip: int) -> None:
+                 skip: int, alloc: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = None) -> None:
         self.seq_len = seq_len
         self.batch_size = batch_size
         self.eos_id = eos_id
@@ -433,6 +573,18 @@ class _Packer:
         self.next_doc = docs  # stream index of the next document added
         self.pending: deque[list[Any]] = deque()  # [document index, tokens, tokens already emitted, block]
         self.buffered = 0
+        self.alloc = alloc or self._new
+
+    def _new(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        shape = (rows, self.seq_len)
+        return np.empty(shape, dtype=np.int32), np.empty(shape, dtype=np.int32)
+
+    def _output(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """A batch's two ``[rows, seq_len]`` arrays, all padding."""
+        tokens, segments = self.alloc(rows)
+        tokens.fill(self.pad_id)
+        segments.fill(0)
+        return tokens, segments
 
     def add(self, tokens: np.ndarray, block: int) -> None:
         total = len(tokens) + self.extra
@@ -448,8 +600,8 @@ class _Packer:
         rows = rows or self.batch_size
         out_rows = pad_to or rows
         length = self.seq_len
-        grid = np.full(out_rows * length, self.pad_id, dtype=np.int32)
-        segments = np.zeros(out_rows * length, dtype=np.int32)
+        grid_2d, segments_2d = self._output(out_rows)
+        grid, segments = grid_2d.reshape(-1), segments_2d.reshape(-1)
         need, at, blocks = rows * length, 0, []
         row_first_doc = -1  # index, within this batch, of the document a row starts with
         piece = 0
@@ -481,8 +633,7 @@ class _Packer:
                 entry[2] += use
         self.buffered -= at
         position = (self.pending[0][0], self.pending[0][2]) if self.pending else (self.next_doc, 0)
-        shape = (out_rows, length)
-        return grid.reshape(shape), segments.reshape(shape), position, np.asarray(blocks, dtype=np.int64)
+        return grid_2d, segments_2d, position, np.asarray(blocks, dtype=np.int64)
 
     def flush(self, pad_rows: bool) -> Iterator[_Packed]:
         """What is left: full batches, then one partly filled (its last row padded with ``pad_id``)."""
@@ -493,6 +644,5 @@ class _Packer:
             yield self.take(rows, pad_to=self.batch_size if pad_rows else rows)
 
     def padding(self) -> _Packed:
-        shape = (self.batch_size, self.seq_len)
-        return (np.full(shape, self.pad_id, dtype=np.int32), np.zeros(shape, dtype=np.int32),
-                (self.next_doc, 0), np.zeros(0, np.int64))
+        tokens, segments = self._output(self.batch_size)
+        return tokens, segments, (self.next_doc, 0), np.zeros(0, np.int64)

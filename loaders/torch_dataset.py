@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from loaders.blocks import Counters
-from loaders.loader import StreamingLoader
+from loaders.loader import StreamingLoader, Unit
 
 
 class StreamingDataset(IterableDataset):
@@ -29,7 +30,7 @@ class StreamingDataset(IterableDataset):
     def __init__(self, url: str, **loader_args: Any) -> None:
         super().__init__()
         self.loader = StreamingLoader(url, **loader_args)
-        self.shared_text = False  # set by StreamingDataLoader: ship batches to the main process as bytes
+        self.shared_text = False  # set by StreamingDataLoader: workers ship units of batches in shared memory
 
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)
@@ -44,19 +45,12 @@ class StreamingDataset(IterableDataset):
             loader.num_workers = workers  # a plain DataLoader: split correctly, resume state is not tracked
         # After a resume, DataLoader asks worker 0 first; it continues the stream whose batch is next.
         loader.worker_id = ((info.id if info is not None else 0) + self.loader._batches) % loader.num_workers
-        shared = self.shared_text and info is not None
-        text = shared and loader.seq_len is None and loader.output == "python"
-        if text:
-            loader.output = "utf8"
         if info is not None and self.loader.io_threads_arg is None:
             loader.io_threads = max(1, (os.cpu_count() or 1) // workers)  # the workers are the parallelism
+        if self.shared_text and info is not None:
+            yield from loader.units(UNIT_BATCHES, _shared_empty)
+            return
         for batch in loader:
-            if text:
-                yield {_SHARED: batch}
-                continue
-            if shared and "tokens" in batch:
-                yield dict(batch, tokens=_Array(batch["tokens"]), segment_ids=_Array(batch["segment_ids"]))
-                continue
             if "tokens" in batch:
                 batch = dict(batch, tokens=torch.from_numpy(batch["tokens"]),
                              segment_ids=torch.from_numpy(batch["segment_ids"]))
@@ -75,11 +69,7 @@ class StreamingDataLoader(DataLoader):
         self.stream = dataset.loader
 
     def __iter__(self) -> Iterator[Any]:
-        for batch in super().__iter__():
-            if isinstance(batch, Mapping) and _SHARED in batch:
-                batch = _from_shared(batch[_SHARED])
-            elif isinstance(batch, Mapping) and isinstance(batch.get("tokens"), _Array):
-                batch = dict(batch, tokens=self._tensor(batch["tokens"]), segment_ids=self._tensor(batch["segment_ids"]))
+        for batch in self._batches(super().__iter__()):
             self.stream._batches += 1
             if isinstance(batch, Mapping) and "position" in batch:
                 streams = list(self.stream._streams or [(0, 0)] * self.stream.num_workers)
@@ -88,11 +78,49 @@ class StreamingDataLoader(DataLoader):
             yield batch
         self.stream.set_epoch(self.stream.epoch + 1)  # reached only when the epoch ran to its end
 
+    def _batches(self, items: Iterator[Any]) -> Iterator[Any]:
+        """The rank's batches in order, cut from the workers' units (batch ``i`` is from stream ``i % W``).
+
+        A stream whose ``last`` unit arrived is skipped, as DataLoader skips an exhausted worker.
+        """
+        if self.num_workers == 0:
+            yield from items
+            return
+        count = self.stream.num_workers
+        pending: list[deque[Any]] = [deque() for _ in range(count)]
+        ended = [False] * count
+        stream = self.stream._batches % count
+        while True:
+            while not pending[stream] and not ended[stream]:
+                unit = next(items, None)
+                if unit is None:
+                    ended = [True] * count
+                    break
+                pending[unit.worker].extend(self._split(unit))
+                ended[unit.worker] |= unit.last
+            if pending[stream]:
+                yield pending[stream].popleft()
+            elif all(ended) and not any(pending):
+                return
+            stream = (stream + 1) % count
+
+    def _split(self, unit: Unit) -> list[dict[str, Any]]:
+        """A unit's batches: Python strings made by Arrow from the shared bytes, or views of the token tensors."""
+        bounds = np.cumsum([0, *unit.sizes]).tolist()
+        if unit.positions:
+            tokens, segments = (self._tensor(unit.columns[name]) for name in ("tokens", "segment_ids"))
+            length = self.stream.seq_len
+            return [{"tokens": tokens[a * length:b * length].view(b - a, length),
+                     "segment_ids": segments[a * length:b * length].view(b - a, length),
+                     "position": position, "worker": unit.worker}
+                    for a, b, position in zip(bounds, bounds[1:], unit.positions)]
+        columns = {name: _strings(value) if isinstance(value, tuple) else value for name, value in unit.columns.items()}
+        return [{name: values[a:b] for name, values in columns.items()} for a, b in zip(bounds, bounds[1:])]
+
     def set_epoch(self, epoch: int) -> None:
         self.stream.set_epoch(epoch)
 
-    def _tensor(self, packed: _Array) -> torch.Tensor:
-        tensor = torch.frombuffer(packed.data, dtype=torch.int32).view(*packed.shape)
+    def _tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.pin_memory() if self.pin_memory and torch.cuda.is_available() else tensor
 
     def state_dict(self) -> dict[str, Any]:
@@ -104,38 +132,15 @@ class StreamingDataLoader(DataLoader):
 
 
 
-_SHARED = "__gristmill_shared__"
+UNIT_BATCHES = 32
 
 
-class _Array:
-    """An int32 batch array on its way from a worker to the main process, as a bytearray.
-
-    DataLoader would move a tensor into a new shared-memory segment per batch (milliseconds each) and
-    its ``default_convert`` walks a bare bytearray element by element; wrapped like this it pickles as
-    one copy and becomes a writable tensor in the main process without another.
-    """
-
-    __slots__ = ("data", "shape")
-
-    def __init__(self, array: np.ndarray) -> None:
-        self.data = bytearray(memoryview(np.ascontiguousarray(array)))
-        self.shape = tuple(array.shape)
-
-    def __getstate__(self) -> tuple[bytearray, tuple[int, ...]]:
-        return self.data, self.shape
-
-    def __setstate__(self, state: tuple[bytearray, tuple[int, ...]]) -> None:
-        self.data, self.shape = state
+def _shared_empty(size: int, dtype: Any) -> torch.Tensor:
+    """A flat buffer in shared memory: DataLoader passes it to the main process without copying it."""
+    return torch.from_numpy(np.empty(0, dtype=dtype)).new_empty(size).share_memory_()
 
 
-def _from_shared(columns: Mapping[str, Any]) -> dict[str, list]:
-    """Python lists again, made by Arrow straight from the bytes."""
-    out: dict[str, list] = {}
-    for name, value in columns.items():
-        if isinstance(value, Mapping):
-            offsets = value["offsets"]
-            array = pa.LargeStringArray.from_buffers(len(offsets) // 8 - 1, pa.py_buffer(offsets),
-                                                     pa.py_buffer(value["utf8"]))
-            value = array.to_pylist()
-        out[name] = value
-    return out
+def _strings(buffers: tuple[torch.Tensor, torch.Tensor]) -> list[str]:
+    """Python strings made by Arrow, in one call, from UTF-8 bytes plus int64 offsets."""
+    offsets, text = (b.numpy() for b in buffers)
+    return pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(text)).to_pylist()

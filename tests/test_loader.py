@@ -490,3 +490,32 @@ def test_utf8_output_matches_python_output(corpus: tuple[str, list[str]]) -> Non
                                                              pa.py_buffer(v["utf8"])).to_pylist()
                         for c, v in batch.items()})
     assert decoded == python
+
+
+@pytest.mark.parametrize("seq_len", [None, 64])
+def test_units_hold_the_streams_batches_in_growing_runs(corpus: tuple[str, list[str]], seq_len: int | None) -> None:
+    import pyarrow as pa
+
+    path, _ = corpus
+    args = {"batch_size": 4, "columns": ["id", "cluster_size"], "seed": 3, "world_size": 1, "rank": 0,
+            "num_workers": 2, "worker_id": 1, "shuffle_window": 40, "seq_len": seq_len}
+    batches = list(StreamingLoader(path, **args))
+    units = list(StreamingLoader(path, **args).units(4))
+    assert units[-1].last and not units[-1].sizes and all(not u.last for u in units[:-1])
+    assert [len(u.sizes) for u in units[:3]] == [1, 2, 4] and max(len(u.sizes) for u in units) == 4
+    cut = []
+    for unit in units[:-1]:
+        bounds = np.cumsum([0, *unit.sizes]).tolist()
+        if seq_len:
+            tokens = np.asarray(unit.columns["tokens"]).reshape(-1, seq_len)
+            cut += [{"tokens": tokens[a:b], "position": p} for a, b, p in zip(bounds, bounds[1:], unit.positions)]
+            continue
+        offsets, text = unit.columns["id"]
+        ids = pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(text)).to_pylist()
+        cut += [{"id": ids[a:b], "cluster_size": unit.columns["cluster_size"][a:b]} for a, b in zip(bounds, bounds[1:])]
+    assert len(cut) == len(batches)
+    for got, want in zip(cut, batches):
+        if seq_len:
+            assert np.array_equal(got["tokens"], want["tokens"]) and got["position"] == want["position"]
+        else:
+            assert got == want
