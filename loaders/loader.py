@@ -258,7 +258,7 @@ class StreamingLoader:
                           threads=self.io_threads, counters=self.counters, expansion=expansion)
 
     def _count(self, blocks: np.ndarray) -> None:
-        self.counters.add(batches=1, distinct_blocks_in_batches=len(np.unique(blocks)))
+        self.counters.add(batches=1, distinct_blocks_in_batches=len(set(blocks.tolist())))
 
     def _document_windows(self, order: EpochOrder, spec: StreamSpec, split: Split) -> Iterator[tuple[Window, int]]:
         """Windows of this worker's stream and the row each starts at (whole batches), resuming after
@@ -579,13 +579,6 @@ class _Packer:
         shape = (rows, self.seq_len)
         return np.empty(shape, dtype=np.int32), np.empty(shape, dtype=np.int32)
 
-    def _output(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
-        """A batch's two ``[rows, seq_len]`` arrays, all padding."""
-        tokens, segments = self.alloc(rows)
-        tokens.fill(self.pad_id)
-        segments.fill(0)
-        return tokens, segments
-
     def add(self, tokens: np.ndarray, block: int) -> None:
         total = len(tokens) + self.extra
         start, self.skip = min(self.skip, total), 0
@@ -600,11 +593,9 @@ class _Packer:
         rows = rows or self.batch_size
         out_rows = pad_to or rows
         length = self.seq_len
-        grid_2d, segments_2d = self._output(out_rows)
+        grid_2d, segments_2d = self.alloc(out_rows)
         grid, segments = grid_2d.reshape(-1), segments_2d.reshape(-1)
-        need, at, blocks = rows * length, 0, []
-        row_first_doc = -1  # index, within this batch, of the document a row starts with
-        piece = 0
+        need, at, blocks, starts = rows * length, 0, [], []
         while need and self.pending:
             entry = self.pending[0]
             _, tokens, start, block = entry
@@ -615,16 +606,8 @@ class _Packer:
                 grid[at:at + body] = tokens[start:start + body]
             if use > body:  # the eos falls in this piece
                 grid[at + use - 1] = self.eos_id
-            # segment ids: 1, 2, ... per row; a piece crossing a row boundary is segment 1 of the next row
-            row = at // length
-            while row * length < at + use:
-                begin, end = max(at, row * length), min(at + use, (row + 1) * length)
-                if begin == row * length:
-                    row_first_doc = piece
-                segments[begin:end] = piece - row_first_doc + 1
-                row += 1
             blocks.append(block)
-            piece += 1
+            starts.append(at)
             at += use
             need -= use
             if start + use == total:
@@ -632,6 +615,9 @@ class _Packer:
             else:
                 entry[2] += use
         self.buffered -= at
+        segments[:at] = _segment_ids(np.asarray(starts, dtype=np.int64), at, length)
+        grid[at:] = self.pad_id
+        segments[at:] = 0
         position = (self.pending[0][0], self.pending[0][2]) if self.pending else (self.next_doc, 0)
         return grid_2d, segments_2d, position, np.asarray(blocks, dtype=np.int64)
 
@@ -644,5 +630,19 @@ class _Packer:
             yield self.take(rows, pad_to=self.batch_size if pad_rows else rows)
 
     def padding(self) -> _Packed:
-        tokens, segments = self._output(self.batch_size)
+        tokens, segments = self.alloc(self.batch_size)
+        tokens.fill(self.pad_id)
+        segments.fill(0)
         return tokens, segments, (self.next_doc, 0), np.zeros(0, np.int64)
+
+
+def _segment_ids(starts: np.ndarray, end: int, length: int) -> np.ndarray:
+    """Segment ids of ``end`` packed positions whose pieces (documents) begin at ``starts``.
+
+    Rows are ``length`` long; in each row the pieces are numbered from 1, a piece carried over from the
+    row before being number 1. Computed per run between piece and row starts, not per position.
+    """
+    bounds = np.union1d(starts, np.arange(0, end, length))
+    row_start = bounds - bounds % length
+    values = 1 + np.searchsorted(starts, bounds, side="right") - np.searchsorted(starts, row_start, side="right")
+    return np.repeat(values.astype(np.int32), np.diff(np.append(bounds, end)))

@@ -1,8 +1,8 @@
 """Background prefetch of a stream's blocks on threads, bounded in decoded bytes.
 
 A scheduler thread walks the stream's windows in order and submits each block a window needs to a
-thread pool (fetch, decode, and prepare: tokens, or a wrapper that makes Python strings later), reserving the block's decoded size
-from the byte budget first. The consumer receives whole windows in order and releases a window's
+thread pool (fetch, decode, and prepare: tokens, or a wrapper that makes Python strings later),
+reserving the block's decoded size from the byte budget first. The consumer receives whole windows in order and releases a window's
 blocks when it moves past it. Blocks shared by consecutive windows are fetched once. Everything waits
 on one condition variable or on futures: nothing polls.
 

@@ -48,7 +48,9 @@ class StreamingDataset(IterableDataset):
         if info is not None and self.loader.io_threads_arg is None:
             loader.io_threads = max(1, (os.cpu_count() or 1) // workers)  # the workers are the parallelism
         if self.shared_text and info is not None:
-            yield from loader.units(UNIT_BATCHES, _shared_empty)
+            pool = _SharedPool()
+            for unit in loader.units(UNIT_BATCHES, pool.allocate):
+                yield unit, pool.released, pool.lent()
             return
         for batch in loader:
             if "tokens" in batch:
@@ -89,14 +91,18 @@ class StreamingDataLoader(DataLoader):
         count = self.stream.num_workers
         pending: list[deque[Any]] = [deque() for _ in range(count)]
         ended = [False] * count
+        held: list[tuple[list[torch.UntypedStorage], torch.Tensor, list[int]]] = []  # buffers batches may still use
         stream = self.stream._batches % count
         while True:
             while not pending[stream] and not ended[stream]:
-                unit = next(items, None)
-                if unit is None:
+                item = next(items, None)
+                if item is None:
                     ended = [True] * count
                     break
+                unit, released, slots = item
                 pending[unit.worker].extend(self._split(unit))
+                held.append(([b.untyped_storage() for b in _buffers(unit)], released, slots))
+                held = [h for h in held if not _release(*h)]
                 ended[unit.worker] |= unit.last
             if pending[stream]:
                 yield pending[stream].popleft()
@@ -135,9 +141,58 @@ class StreamingDataLoader(DataLoader):
 UNIT_BATCHES = 32
 
 
-def _shared_empty(size: int, dtype: Any) -> torch.Tensor:
-    """A flat buffer in shared memory: DataLoader passes it to the main process without copying it."""
-    return torch.from_numpy(np.empty(0, dtype=dtype)).new_empty(size).share_memory_()
+class _SharedPool:
+    """Shared-memory buffers a worker reuses once the main process has released them.
+
+    A fresh shared-memory buffer page-faults on every 4 KiB page it is first written to (for packed
+    tokens that system time was most of a worker's CPU). The main process releases a unit's buffers
+    by setting their flags in a small shared tensor once it has copied from them; a worker that finds
+    no released buffer large enough replaces one, or allocates outside the pool (it never waits).
+    """
+
+    SLOTS = 16
+
+    def __init__(self) -> None:
+        self.released = torch.ones(self.SLOTS, dtype=torch.int8).share_memory_()
+        self.buffers: list[torch.Tensor | None] = [None] * self.SLOTS
+        self._lent: list[int] = []
+
+    def allocate(self, size: int, dtype: Any) -> torch.Tensor:
+        kind = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+        free = [slot for slot in range(self.SLOTS) if self.released[slot]]
+        fits = [slot for slot in free if (b := self.buffers[slot]) is not None and b.dtype == kind and b.numel() >= size]
+        if fits:
+            slot = min(fits, key=lambda s: self.buffers[s].numel())  # type: ignore[union-attr]
+        elif free:
+            slot = next((s for s in free if self.buffers[s] is None), free[0])
+            self.buffers[slot] = torch.empty(size + size // 4, dtype=kind).share_memory_()  # room for the next unit
+        else:
+            return torch.empty(size, dtype=kind).share_memory_()
+        self.released[slot] = 0
+        self._lent.append(slot)
+        return self.buffers[slot][:size]  # type: ignore[index]
+
+    def lent(self) -> list[int]:
+        """The slots handed out since the last call (the buffers of the unit about to be sent)."""
+        slots, self._lent = self._lent, []
+        return slots
+
+
+def _buffers(unit: Unit) -> list[torch.Tensor]:
+    return [b for value in unit.columns.values() for b in (value if isinstance(value, tuple) else [value])
+            if isinstance(b, torch.Tensor)]
+
+
+def _release(storages: list[torch.UntypedStorage], released: torch.Tensor, slots: list[int]) -> bool:
+    """Hand a unit's buffers back to its worker once nothing but this list refers to them; True if done.
+
+    Strings are copies, so document units go back at once; token batches are views of the buffers,
+    which go back when the training loop has dropped every tensor made from them.
+    """
+    if any(torch._C._storage_Use_Count(s._cdata) > 1 for s in storages):
+        return False
+    released[slots] = 1
+    return True
 
 
 def _strings(buffers: tuple[torch.Tensor, torch.Tensor]) -> list[str]:
