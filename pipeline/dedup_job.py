@@ -32,7 +32,7 @@ import os
 import posixpath
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,11 @@ REJECTS_FOLDER = "_rejects"
 WORK_FOLDER = "_work"
 BYTES_PER_TOKEN = 4  # the approximate-token statistic: UTF-8 bytes / 4
 CC_ROWS_PER_PARTITION = 8_000_000  # band rows (documents x bands) per connected-components partition
+# Arrow's default jemalloc pool kept ~120 MB per worker after each split and glibc's sliding mmap
+# threshold kept large freed strings on the heap; with these a worker's peak fell from 430 to 320 MB
+# on the benchmark input at the same CPU time (docs/PIPELINE.md, memory). Set for the local Ray the
+# job starts; deploy/Dockerfile sets them for clusters.
+WORKER_ALLOCATOR_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_MMAP_THRESHOLD_": "65536"}
 BATCH_BYTES = 8 * 1024 * 1024  # text per normalisation/MinHash batch: bounds a worker's working memory
 
 DOC_SCHEMA = pa.schema([
@@ -229,37 +234,19 @@ def _read_split(job: _Job, split_index: int) -> dict[str, Any]:
 
 
 def _read_split_now(job: _Job, split_index: int) -> dict[str, Any]:
-    from dedup.normalize import content_hashes
-
-    config = job.config
-    options = ReadOptions(config.text_column, config.id_column, config.max_doc_bytes)
-    split = job.split(split_index)
-    docs: list[Doc] = []
-    origins: list[str] = []
+    """Parse, hash and write the split one ~BATCH_BYTES batch (one row group) at a time, so a task holds
+    a batch of documents, not the split; only the slim shuffle columns are kept for the whole split."""
     rejects: list[tuple[Reject, str]] = []
-    for item in split.files:
-        for record in read_file(item, options, config.storage_options):
-            if isinstance(record, Reject):
-                rejects.append((record, item.origin))
-                continue
-            if record.id is None:
-                record.id = generated_id(item.url, record.position)
-            docs.append(record)
-            origins.append(item.origin)
-    texts = [d.text for d in docs]
-    hashes: list[str] = []
-    lengths = [len(t) for t in texts]  # characters: the survivor policy prefers the longest text
-    for start, stop in _batches(np.array(lengths, np.int64)):
-        hashes.extend(content_hashes(texts[start:stop]))
-    keys = (np.int64(split_index) << np.int64(KEY_BITS)) + np.arange(len(docs), dtype=np.int64)
-    table = pa.table({
-        "key": pa.array(keys, pa.int64()), "id": [d.id for d in docs], "text": texts,
-        "source": [d.source for d in docs], "domain": [d.domain for d in docs],
-        "language": [d.language for d in docs], "fetch_time": [d.fetch_time for d in docs],
-        "content_hash": hashes, "length": lengths, "origin": origins,
-    }, schema=DOC_SCHEMA)
-    job.work.write_table(f"docs/s={split_index:05d}.parquet", table)
-    _shuffle_exact(job, split_index, table.select(["content_hash", "key", "id", "length"]), existing=False)
+    slims: list[pa.Table] = []
+    ordinal = 0
+    with job.work.table_writer(f"docs/s={split_index:05d}.parquet", DOC_SCHEMA) as writer:
+        for batch in _document_batches(job, split_index, rejects):
+            table = _document_table(split_index, ordinal, batch)
+            writer.write_table(table)
+            slims.append(table.select(["content_hash", "key", "id", "length"]))
+            ordinal += table.num_rows
+    slim = pa.concat_tables(slims) if slims else EXACT_SCHEMA.empty_table().select(["content_hash", "key", "id", "length"])
+    _shuffle_exact(job, split_index, slim, existing=False)
     reject_table = pa.table({
         "source": [r.source for r, _ in rejects], "position": [r.position for r, _ in rejects],
         "kind": [r.kind for r, _ in rejects], "reason": [r.reason for r, _ in rejects],
@@ -267,7 +254,47 @@ def _read_split_now(job: _Job, split_index: int) -> dict[str, Any]:
         "origin": [o for _, o in rejects],
     }, schema=REJECT_SCHEMA)
     job.work.write_table(f"rejects/s={split_index:05d}.parquet", reject_table)
-    return {"docs": len(docs), "rejected": sum(r.count for r, _ in rejects)}
+    return {"docs": ordinal, "rejected": sum(r.count for r, _ in rejects)}
+
+
+def _document_batches(job: _Job, split_index: int, rejects: list[tuple[Reject, str]]) -> Iterator[list[tuple[Doc, str]]]:
+    """The split's documents (with the INPUT that named each) in batches of about BATCH_BYTES of text;
+    rejected records go to ``rejects``."""
+    config = job.config
+    options = ReadOptions(config.text_column, config.id_column, config.max_doc_bytes)
+    batch: list[tuple[Doc, str]] = []
+    size = 0
+    for item in job.split(split_index).files:
+        for record in read_file(item, options, config.storage_options):
+            if isinstance(record, Reject):
+                rejects.append((record, item.origin))
+                continue
+            if record.id is None:
+                record.id = generated_id(item.url, record.position)
+            batch.append((record, item.origin))
+            size += len(record.text)
+            if size >= BATCH_BYTES:
+                yield batch
+                batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _document_table(split_index: int, first: int, batch: list[tuple[Doc, str]]) -> pa.Table:
+    """One batch as rows of the split's documents file: keys from ``first`` on, content hashes."""
+    from dedup.normalize import content_hashes
+
+    docs = [d for d, _ in batch]
+    texts = [d.text for d in docs]
+    keys = (np.int64(split_index) << np.int64(KEY_BITS)) + np.arange(first, first + len(docs), dtype=np.int64)
+    return pa.table({
+        "key": pa.array(keys, pa.int64()), "id": [d.id for d in docs], "text": texts,
+        "source": [d.source for d in docs], "domain": [d.domain for d in docs],
+        "language": [d.language for d in docs], "fetch_time": [d.fetch_time for d in docs],
+        "content_hash": content_hashes(texts),
+        "length": [len(t) for t in texts],  # characters: the survivor policy prefers the longest text
+        "origin": [o for _, o in batch],
+    }, schema=DOC_SCHEMA)
 
 
 def _shuffle_exact(job: _Job, split_index: int, slim: pa.Table, existing: bool) -> None:
@@ -369,28 +396,32 @@ def _sign_split(job: _Job, split_index: int) -> dict[str, Any]:
     def compute() -> dict[str, Any]:
         from dedup.lsh import band_hashes
 
-        docs = job.work.read_table(f"docs/s={split_index:05d}.parquet", ["key", "id", "text", "content_hash", "length"])
         exact = job.work.read_folder(f"exact_out/s={split_index:05d}", EXACT_OUT_SCHEMA)
-        removed = exact.filter(pc.not_equal(exact["key"], exact["rep_key"]))["key"]
-        keep = pc.invert(pc.is_in(docs["key"], value_set=removed.combine_chunks()))
-        docs = docs.filter(keep)
-        copies = np.ones(docs.num_rows, np.int64)
+        removed = exact.filter(pc.not_equal(exact["key"], exact["rep_key"]))["key"].combine_chunks()
         survivors = exact.filter(pc.equal(exact["key"], exact["rep_key"]))
-        where = pc.index_in(survivors["key"], value_set=docs["key"].combine_chunks()).to_numpy(zero_copy_only=False)
-        copies[where.astype(np.int64)] = survivors["copies"].to_numpy()
+        survivor_keys = survivors["key"].combine_chunks()
+        survivor_copies = survivors["copies"].to_numpy()
         hasher = job.params.hasher()
-        signatures = _signatures(hasher, docs["text"])
-        bands = band_hashes(signatures, job.params.bands, job.params.rows) if docs.num_rows else np.zeros(
-            (0, job.params.bands), np.uint64)
-        keys = docs["key"].to_numpy()
-        sigs = pa.table({
-            "key": docs["key"], "id": docs["id"], "content_hash": docs["content_hash"], "length": docs["length"],
-            "copies": pa.array(copies), "existing": pa.array(np.zeros(docs.num_rows, bool)),
-            "signature": _fixed_list(signatures), "bands": _fixed_list(bands),
-        }, schema=_sig_schema(job.params.num_perm, job.params.bands))
+        parts = []
+        for group in job.work.read_row_groups(f"docs/s={split_index:05d}.parquet",
+                                              ["key", "id", "text", "content_hash", "length"]):
+            docs = group.filter(pc.invert(pc.is_in(group["key"], value_set=removed)))
+            copies = np.ones(docs.num_rows, np.int64)
+            where = pc.index_in(docs["key"], value_set=survivor_keys)  # null: no exact copies
+            copies[where.is_valid().to_numpy(zero_copy_only=False)] = survivor_copies[where.drop_null().to_numpy()]
+            signatures = _signatures(hasher, docs["text"])
+            bands = band_hashes(signatures, job.params.bands, job.params.rows) if docs.num_rows else np.zeros(
+                (0, job.params.bands), np.uint64)
+            parts.append(pa.table({
+                "key": docs["key"], "id": docs["id"], "content_hash": docs["content_hash"], "length": docs["length"],
+                "copies": pa.array(copies), "existing": pa.array(np.zeros(docs.num_rows, bool)),
+                "signature": _fixed_list(signatures), "bands": _fixed_list(bands),
+            }, schema=_sig_schema(job.params.num_perm, job.params.bands)))
+        schema = _sig_schema(job.params.num_perm, job.params.bands)
+        sigs = pa.concat_tables(parts) if parts else schema.empty_table()
         job.work.write_table(f"sigs/s={split_index:05d}.parquet", sigs)
-        _shuffle_bands(job, split_index, keys, bands)
-        return {"signed": docs.num_rows}
+        _shuffle_bands(job, split_index, sigs["key"].to_numpy(), _list_matrix(sigs["bands"], job.params.bands))
+        return {"signed": sigs.num_rows}
 
     return _json_record(job.work, f"sign/done/s={split_index:05d}.json", compute)
 
@@ -587,7 +618,8 @@ def _write_split(job: _Job, split_index: int) -> dict[str, Any]:
 
 def _write_split_now(job: _Job, split_index: int) -> dict[str, Any]:
     config = job.config
-    docs = job.work.read_table(f"docs/s={split_index:05d}.parquet")
+    docs_file = f"docs/s={split_index:05d}.parquet"
+    docs = job.work.read_table(docs_file, ["key", "id", "origin", "domain", "language"])  # no text
     exact = job.work.read_folder(f"exact_out/s={split_index:05d}", EXACT_OUT_SCHEMA)
     clusters = job.work.read_folder(f"clusters_out/s={split_index:05d}", CLUSTER_OUT_SCHEMA)
     n = docs.num_rows
@@ -631,36 +663,43 @@ def _write_split_now(job: _Job, split_index: int) -> dict[str, Any]:
         cluster_id[pos] = resolved_ids[row]
         cluster_size[pos] = resolved_sizes[row]
 
-    base = docs.select(["id", "text", "source", "domain", "language", "fetch_time", "content_hash"])
-    base = base.append_column("cluster_id", pa.array(cluster_id, pa.string()))
-    base = base.append_column("cluster_size", pa.array(cluster_size, pa.int32()))
     kept_mask = status == 0
-    kept = base.filter(pa.array(kept_mask)).append_column(
-        "is_representative", pa.array(np.ones(int(kept_mask.sum()), bool)))
-    prefix = f"part-{split_index:05d}"
-    writer = ShardWriter(config.output, CORPUS_SCHEMA, shard_bytes=config.shard_bytes,
-                         row_group_bytes=config.row_group_bytes, name_prefix=prefix, run_id=job.fingerprint[:12],
-                         storage_options=config.storage_options)
-    writer.write(kept)
+
+    def shard_writer(url: str, schema: pa.Schema) -> ShardWriter:
+        return ShardWriter(url, schema, shard_bytes=config.shard_bytes, row_group_bytes=config.row_group_bytes,
+                           name_prefix=f"part-{split_index:05d}", run_id=job.fingerprint[:12],
+                           storage_options=config.storage_options)
+
+    writer = shard_writer(config.output, CORPUS_SCHEMA)
+    removed_writer = shard_writer(config.removed, REMOVED_SCHEMA) if config.removed else None
+    removed_as = np.array(["kept", "exact_duplicate", "near_duplicate"])[status]
+    text_bytes = np.zeros(n, np.int64)
+    start = 0
+    # the text one row group (one read batch) at a time: a task never holds the split's texts
+    for group in job.work.read_row_groups(docs_file, ["id", "text", "source", "domain", "language", "fetch_time",
+                                                      "content_hash"]):
+        rows = slice(start, start + group.num_rows)
+        start += group.num_rows
+        text_bytes[rows] = pc.binary_length(group["text"]).to_numpy()
+        base = group.append_column("cluster_id", pa.array(cluster_id[rows], pa.string()))
+        base = base.append_column("cluster_size", pa.array(cluster_size[rows], pa.int32()))
+        keep = kept_mask[rows]
+        writer.write(base.filter(pa.array(keep)).append_column(
+            "is_representative", pa.array(np.ones(int(keep.sum()), bool))))
+        if removed_writer is not None:
+            gone = ~keep
+            removed = base.filter(pa.array(gone))
+            removed = removed.append_column("is_representative", pa.array(np.zeros(int(gone.sum()), bool)))
+            removed = removed.append_column("removed_as", pa.array(removed_as[rows][gone].tolist(), pa.string()))
+            removed = removed.append_column("duplicate_of", pa.array(
+                [d for d, g in zip(duplicate_of[rows], gone, strict=True) if g], pa.string()))
+            removed = removed.append_column("similarity", pa.array(similarity[rows][gone], pa.float64()))
+            removed_writer.write(removed)
     shards = [s.to_dict() for s in writer.close()]
-    removed_shards: list[dict[str, Any]] = []
-    if config.removed:
-        gone = ~kept_mask
-        names = np.array(["kept", "exact_duplicate", "near_duplicate"])
-        removed = base.filter(pa.array(gone))
-        removed = removed.append_column("is_representative", pa.array(np.zeros(int(gone.sum()), bool)))
-        removed = removed.append_column("removed_as", pa.array(names[status[gone]].tolist(), pa.string()))
-        removed = removed.append_column("duplicate_of", pa.array([d for d, g in zip(duplicate_of, gone) if g],
-                                                                 pa.string()))
-        removed = removed.append_column("similarity", pa.array(similarity[gone], pa.float64()))
-        removed_writer = ShardWriter(config.removed, REMOVED_SCHEMA, shard_bytes=config.shard_bytes,
-                                     row_group_bytes=config.row_group_bytes, name_prefix=prefix,
-                                     run_id=job.fingerprint[:12], storage_options=config.storage_options)
-        removed_writer.write(removed)
-        removed_shards = [s.to_dict() for s in removed_writer.close()]
+    removed_shards = [s.to_dict() for s in removed_writer.close()] if removed_writer is not None else []
     _write_index(job, split_index, keys[kept_mask])
     return {"shards": shards, "removed_shards": removed_shards,
-            "stats": _split_stats(job, split_index, docs, status, cluster_size)}
+            "stats": _split_stats(job, split_index, docs, status, cluster_size, text_bytes)}
 
 
 def _positions(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -678,10 +717,9 @@ def _write_index(job: _Job, split_index: int, kept_keys: np.ndarray) -> None:
 
 
 def _split_stats(job: _Job, split_index: int, docs: pa.Table, status: np.ndarray,
-                 cluster_size: np.ndarray) -> dict[str, Any]:
-    """Counts, bytes and breakdowns of one split; the driver adds them up."""
+                 cluster_size: np.ndarray, lengths: np.ndarray) -> dict[str, Any]:
+    """Counts, bytes and breakdowns of one split (``lengths``: UTF-8 bytes per document); the driver adds them up."""
     rejects = job.work.read_table(f"rejects/s={split_index:05d}.parquet")
-    lengths = pc.binary_length(docs["text"]).to_numpy(zero_copy_only=False) if docs.num_rows else np.zeros(0, np.int64)
     names = ("kept", "exact_duplicate", "near_duplicate")
     stats: dict[str, Any] = {name: int(np.count_nonzero(status == i)) for i, name in enumerate(names)}
     stats["bytes_in"] = int(lengths.sum())
@@ -810,6 +848,9 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
         # rather than attach to whatever cluster this machine happens to run.
         address = os.environ.get("RAY_ADDRESS") or "local"
         local = {"include_dashboard": False} if address == "local" else {}  # the dashboard costs seconds
+        if address == "local":
+            for name, value in WORKER_ALLOCATOR_ENV.items():  # inherited by the workers this starts
+                os.environ.setdefault(name, value)
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
     run_tasks = _make_runner(ray)
     timings: dict[str, float] = dict(work.read_json("timings.json") or {})

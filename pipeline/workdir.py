@@ -7,10 +7,11 @@ temporary name and renamed (one PUT on object stores), so a reader never sees ha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -38,20 +39,39 @@ class WorkDir:
         return posixpath.join(self.root, *parts)
 
     # -- atomic files ----------------------------------------------------------------------------
-    def _publish(self, target: str, payload_writer: Any) -> None:
+    @contextlib.contextmanager
+    def _atomic(self, relative: str) -> Iterator[Any]:
+        """A handle on a temporary name, renamed to ``relative`` once the block finishes without error."""
+        target = self.path(relative)
         self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
         temporary = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
         with self.fs.open(temporary, "wb") as handle:
-            payload_writer(handle)
+            yield handle
         self.fs.mv(temporary, target)
 
     def write_table(self, relative: str, table: pa.Table) -> None:
         """Write one Parquet file atomically (temp name, then rename)."""
-        self._publish(self.path(relative), lambda handle: pq.write_table(table, handle, compression="zstd"))
+        with self._atomic(relative) as handle:
+            pq.write_table(table, handle, compression="zstd")
+
+    @contextlib.contextmanager
+    def table_writer(self, relative: str, schema: pa.Schema) -> Iterator[pq.ParquetWriter]:
+        """A Parquet file written one row group per ``write_table`` call, published atomically at the end,
+        so a task holds one batch of a split at a time, not the split."""
+        with self._atomic(relative) as handle, pq.ParquetWriter(handle, schema, compression="zstd") as writer:
+            yield writer
+
+    def read_row_groups(self, relative: str, columns: list[str] | None = None) -> Iterator[pa.Table]:
+        """The row groups of one Parquet file, one table at a time."""
+        with self.fs.open(self.path(relative), "rb") as handle:
+            parquet = pq.ParquetFile(handle)
+            for group in range(parquet.num_row_groups):
+                yield parquet.read_row_group(group, columns=columns)
 
     def write_json(self, relative: str, data: Any) -> None:
         payload = json.dumps(data, sort_keys=True).encode("utf-8")
-        self._publish(self.path(relative), lambda handle: handle.write(payload))
+        with self._atomic(relative) as handle:
+            handle.write(payload)
 
     def read_json(self, relative: str) -> Any | None:
         """The record, or None when it was never completed."""
