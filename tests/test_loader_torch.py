@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -77,3 +78,16 @@ def test_packed_batches_are_int32_tensors_with_pin_memory(corpus: tuple[str, lis
     assert all(b["segment_ids"].shape == b["tokens"].shape for b in batches)
     real = sum(int((b["segment_ids"] > 0).sum()) for b in batches)
     assert real == sum(len(t.encode()) + 1 for t in corpus[1])  # every byte plus one eos per document
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_token_batches_stay_intact_while_workers_reuse_buffers(corpus: tuple[str, list[str]], keep: bool) -> None:
+    path, _ = corpus
+    args = {"batch_size": 2, "seq_len": 32, "seed": 3, "world_size": 1, "rank": 0}
+    streams = [[b["tokens"] for b in StreamingLoader(path, num_workers=2, worker_id=w, **args)] for w in range(2)]
+    expected = [s[i] for i in range(max(map(len, streams))) for s in streams if i < len(s)]  # round-robin
+    loader = StreamingDataLoader(StreamingDataset(path, **args), num_workers=2)
+    # Held batches must never be overwritten; dropped ones let the workers reuse their buffers.
+    got = [b["tokens"] if keep else b["tokens"].clone() for b in loader]
+    assert len(got) == len(expected) > 2 * 16  # more units than a worker's pool has buffers
+    assert all(np.array_equal(g.numpy(), e) for g, e in zip(got, expected))
