@@ -11,7 +11,7 @@ import math
 import os
 import sys
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ import pyarrow.compute  # noqa: F401  (imported up front: its first import insid
 
 from loaders.blocks import BlockSource, Counters, DiskCache
 from loaders.plan import EpochOrder, Generation, Split, StreamSpec, consumed_by_batches, plan_generation
-from loaders.prefetch import Prefetcher, Window
+from loaders.prefetch import Prefetcher, Window, read_inline
 from loaders.tokenizers import as_tokenizer
 from pipeline.format import Corpus
 
@@ -100,7 +100,7 @@ class StreamingLoader:
         self.steps_per_epoch = steps_per_epoch
         self.prefetch_bytes = prefetch_bytes
         self.io_threads_arg = io_threads
-        self.io_threads = io_threads or min(4, os.cpu_count() or 1)
+        self.io_threads = min(4, os.cpu_count() or 1) if io_threads is None else io_threads
         self.output = output
         self.storage_options = dict(storage_options or {})
         self.worker_id = worker_id
@@ -253,7 +253,9 @@ class StreamingLoader:
         self.set_epoch(self.epoch + 1)
 
     def _prefetcher(self, order: EpochOrder, spec: StreamSpec, start: int, prepare: Any,
-                    expansion: float) -> Prefetcher:
+                    expansion: float) -> Iterable[Window]:
+        if self.io_threads == 0:
+            return read_inline(self.source, order, spec, start, prepare)
         return Prefetcher(self.source, order, spec, start, prepare, budget_bytes=self.prefetch_bytes,
                           threads=self.io_threads, counters=self.counters, expansion=expansion)
 

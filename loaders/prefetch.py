@@ -200,3 +200,23 @@ class Prefetcher:
             self._stop = True
             self._cv.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def read_inline(source: BlockSource, order: EpochOrder, spec: StreamSpec, start_row: int,
+                prepare: Callable[[Any], tuple[Any, int]]) -> Iterator[Window]:
+    """The windows of one stream read in the calling thread, with no read-ahead and no thread at all.
+
+    For a process about to fork (a thread running at the fork could leave a lock held in the child).
+    The first window decodes only the pages holding its rows, as the prefetcher's does.
+    """
+    first = spec.window_of(start_row) if len(spec.positions) else 0
+    for index in range(first, len(spec.bounds) - 1):
+        positions = spec.window(index)
+        if index == first:
+            positions = positions[start_row - int(spec.bounds[index]):]
+        blocks, rows = order.locate(positions)
+        data = {}
+        for block in np.unique(blocks).tolist():
+            head = int(rows[blocks == block].max()) + 1 if index == first else None
+            data[block] = prepare(source.decode(block, source.fetch(block), head))[0]
+        yield Window(index, positions, blocks, rows, data)

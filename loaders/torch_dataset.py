@@ -10,6 +10,7 @@ Packed-token batches arrive as int32 tensors and work with ``pin_memory=True``.
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -71,7 +72,7 @@ class StreamingDataLoader(DataLoader):
         self.stream = dataset.loader
 
     def __iter__(self) -> Iterator[Any]:
-        for batch in self._batches(super().__iter__()):
+        for batch in itertools.chain(self._first(), self._batches()):
             self.stream._batches += 1
             if isinstance(batch, Mapping) and "position" in batch:
                 streams = list(self.stream._streams or [(0, 0)] * self.stream.num_workers)
@@ -80,11 +81,32 @@ class StreamingDataLoader(DataLoader):
             yield batch
         self.stream.set_epoch(self.stream.epoch + 1)  # reached only when the epoch ran to its end
 
-    def _batches(self, items: Iterator[Any]) -> Iterator[Any]:
+    def _first(self) -> list[Any]:
+        """With workers, the first document batch, read here before they start (as [batch], or []).
+
+        Starting worker processes takes longer than reading one batch. This process reads it in its own
+        thread (``io_threads=0``: no thread may be running when DataLoader forks); the workers, started
+        when the next batch is asked for, skip it by the resume arithmetic. Packed batches cannot be
+        skipped before they are packed, so they all come from the workers.
+        """
+        stream = self.stream
+        if self.num_workers == 0 or stream.seq_len is not None:
+            return []
+        reader = copy.copy(stream)
+        reader._source = None
+        reader.io_threads = 0
+        reader.worker_id = stream._batches % stream.num_workers
+        batches = iter(reader)
+        first = next(batches, None)
+        batches.close()
+        return [] if first is None else [first]
+
+    def _batches(self) -> Iterator[Any]:
         """The rank's batches in order, cut from the workers' units (batch ``i`` is from stream ``i % W``).
 
         A stream whose ``last`` unit arrived is skipped, as DataLoader skips an exhausted worker.
         """
+        items = super().__iter__()
         if self.num_workers == 0:
             yield from items
             return

@@ -519,3 +519,20 @@ def test_units_hold_the_streams_batches_in_growing_runs(corpus: tuple[str, list[
             assert np.array_equal(got["tokens"], want["tokens"]) and got["position"] == want["position"]
         else:
             assert got == want
+
+
+@pytest.mark.parametrize("seq_len", [None, 50])
+def test_reading_in_the_calling_thread_gives_the_same_stream(corpus: tuple[str, list[str]], seq_len: int | None) -> None:
+    import threading
+
+    path, _ = corpus
+    args = {"batch_size": 5, "columns": ["id"], "seed": 8, "world_size": 1, "rank": 0, "shuffle_window": 45,
+            "seq_len": seq_len}
+    key = "tokens" if seq_len else "id"
+    before = set(threading.enumerate())
+    stream = iter(StreamingLoader(path, io_threads=0, **args))
+    first = next(stream)
+    assert set(threading.enumerate()) <= before  # nothing runs beside the caller, so a fork here is safe
+    got = [first[key]] + [b[key] for b in stream]
+    threaded = [b[key] for b in StreamingLoader(path, **args)]
+    assert len(got) == len(threaded) and all(np.array_equal(a, b) for a, b in zip(got, threaded))
