@@ -24,7 +24,14 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from . import sitemaps
-from .extract import ExtractionPool, ExtractionTimeout, content_hash, decode_html, detect_language
+from .extract import (
+    ExtractionError,
+    ExtractionPool,
+    ExtractionTimeout,
+    content_hash,
+    decode_html,
+    detect_language,
+)
 from .fetch import HTML_TYPES, SITEMAP_TYPES, BlockedError, Fetcher, FetchError, FetchLimits, Response
 from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, now_ms
 from .output import Committer, warc_payload
@@ -680,9 +687,10 @@ class Crawler:
             try:
                 async with self._extract_slots:
                     text, language = await self.pool.process(html, response.url)
-            except ExtractionTimeout as exc:
+            except ExtractionError as exc:  # a timeout, or a worker that crashed on this page
                 self._error(str(exc))
-                self._finish(request, "rejected: extraction timed out")
+                self._finish(request, "rejected: extraction timed out" if isinstance(exc, ExtractionTimeout)
+                             else "rejected: extraction failed")
                 return
         else:
             text, language = plain, detect_language(plain)

@@ -6,7 +6,7 @@ F1 0.964 at ~15 ms of CPU per page, against 0.965 at ~23 ms with ``favor_precisi
 accurate setting) and 0.947 at ~13 ms with both; resiliparse is far faster but scores 0.922, jusText
 0.739 (see docs/BENCHMARKS.md). Extraction is what bounds a crawl's pages/s, so the setting that
 keeps the F1 and cuts a third of the CPU wins. Language ids come from py3langid, whose model ships inside the
-wheel, so nothing is downloaded at run time. Extraction runs in pebble worker processes with a
+wheel, so nothing is downloaded at run time. Extraction runs in worker processes with a
 per-document timeout: a pathological page costs one killed worker, never a hung crawl.
 """
 
@@ -16,8 +16,10 @@ import asyncio
 import codecs
 import multiprocessing
 import re
-from concurrent.futures import TimeoutError as FutureTimeout
+from collections import deque
+from dataclasses import dataclass
 from functools import lru_cache
+from multiprocessing.connection import Connection
 from typing import Any
 
 import xxhash
@@ -130,30 +132,156 @@ def prepare_worker() -> None:
     _identifier()
 
 
-class ExtractionTimeout(Exception):
+class ExtractionError(Exception):
+    """A document's worker died (crashed or was killed) before answering."""
+
+
+class ExtractionTimeout(ExtractionError):
     """A document took longer than the per-document limit; its worker was killed."""
 
 
+def _serve(conn: Connection) -> None:
+    """A worker: load the libraries, say so, then answer documents until the pipe closes."""
+    prepare_worker()
+    conn.send(None)  # ready: the first document's time limit starts only now
+    while True:
+        try:
+            html, url = conn.recv()
+        except EOFError:
+            return
+        try:
+            answer: tuple[bool, Any] = (True, process_document(html, url))
+        except Exception as exc:  # the crawl records it; the worker lives on
+            answer = (False, ExtractionError(f"{url}: {type(exc).__name__}: {exc}"))
+        conn.send(answer)
+
+
+@dataclass(eq=False)
+class _Worker:
+    process: Any
+    conn: Connection
+    ready: bool = False
+    future: asyncio.Future[tuple[str, str]] | None = None
+    url: str = ""
+    timer: asyncio.TimerHandle | None = None
+    documents: int = 0
+
+
 class ExtractionPool:
-    """Worker processes for :func:`process_document`, each task with its own time limit."""
+    """Worker processes for :func:`process_document`, each document with its own time limit.
 
-    def __init__(self, workers: int, timeout: float) -> None:
-        from pebble import ProcessPool
+    Why not a generic process pool: per page, the pool's own bookkeeping ran in the crawl's event-loop
+    process, and with two pebble threads handing every task over it cost about a fifth of that
+    process's CPU. Here each worker is one pipe watched by the event loop itself: a document is one
+    ``send``, its answer one callback, its time limit one timer that kills the worker and starts a
+    fresh one. Must be created inside the running event loop.
+    """
 
+    def __init__(self, workers: int, timeout: float, max_documents: int = 20_000) -> None:
         self.timeout = timeout
-        # Workers are recycled after many documents (parsers can leak), rarely: each restart reloads
-        # trafilatura and the language model, seconds of lost extraction.
-        self._pool = ProcessPool(max_workers=max(1, workers), max_tasks=20_000, initializer=prepare_worker,
-                                 context=multiprocessing.get_context("forkserver"))
+        # Workers are recycled after many documents (parsers can leak), rarely: each restart costs a fork.
+        self.max_documents = max_documents
+        self._loop = asyncio.get_running_loop()
+        self._context = multiprocessing.get_context("forkserver")
+        # Ignored if this process's fork server already runs; each worker then loads the libraries itself.
+        self._context.set_forkserver_preload(["crawlers._preload"])
+        self._workers: set[_Worker] = set()
+        self._idle: list[_Worker] = []
+        self._queue: deque[tuple[str, str, asyncio.Future[tuple[str, str]]]] = deque()
+        self._closed = False
+        for _ in range(max(1, workers)):
+            self._start_worker()
 
     async def process(self, html: str, url: str) -> tuple[str, str]:
         """Run one document; raises :class:`ExtractionTimeout` if it overruns."""
-        future = self._pool.schedule(process_document, args=(html, url), timeout=self.timeout)
-        try:
-            return await asyncio.wrap_future(future)
-        except FutureTimeout:
-            raise ExtractionTimeout(f"{url}: extraction took longer than {self.timeout:g}s") from None
+        future: asyncio.Future[tuple[str, str]] = self._loop.create_future()
+        self._queue.append((html, url, future))
+        self._dispatch()
+        return await future
 
     def close(self) -> None:
-        self._pool.stop()
-        self._pool.join(timeout=10)
+        self._closed = True
+        for worker in list(self._workers):
+            self._stop_worker(worker, kill=False)
+        for _html, url, future in self._queue:
+            if not future.done():
+                future.set_exception(ExtractionError(f"{url}: extraction pool closed"))
+        self._queue.clear()
+
+    def _start_worker(self) -> None:
+        ours, theirs = self._context.Pipe()
+        process = self._context.Process(target=_serve, args=(theirs,), daemon=True)
+        process.start()
+        theirs.close()
+        worker = _Worker(process, ours)
+        self._workers.add(worker)
+        self._loop.add_reader(ours.fileno(), self._on_answer, worker)
+
+    def _stop_worker(self, worker: _Worker, kill: bool) -> None:
+        self._workers.discard(worker)
+        if worker in self._idle:
+            self._idle.remove(worker)
+        if worker.timer is not None:
+            worker.timer.cancel()
+        self._loop.remove_reader(worker.conn.fileno())
+        worker.conn.close()  # an idle worker reads EOF and exits
+        if kill:
+            worker.process.kill()
+        worker.process.join(timeout=0 if kill else 5)
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join(timeout=5)
+
+    def _on_answer(self, worker: _Worker) -> None:
+        try:
+            answer = worker.conn.recv()
+        except (EOFError, OSError):  # the worker died: its document fails, a fresh worker takes over
+            self._retire(worker, ExtractionError(f"{worker.url}: extraction worker died"), kill=True)
+            return
+        future, worker.future = worker.future, None
+        if future is None:
+            worker.ready = True
+        else:
+            assert worker.timer is not None
+            worker.timer.cancel()
+            worker.documents += 1
+            if not future.done():
+                ok, value = answer
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+            if worker.documents >= self.max_documents:
+                self._retire(worker, None, kill=False)
+                return
+        self._idle.append(worker)
+        self._dispatch()
+
+    def _expire(self, worker: _Worker) -> None:
+        self._retire(worker, ExtractionTimeout(f"{worker.url}: extraction took longer than {self.timeout:g}s"),
+                     kill=True)
+
+    def _retire(self, worker: _Worker, error: ExtractionError | None, kill: bool) -> None:
+        """Replace a worker; ``error`` fails the document it held."""
+        future = worker.future
+        self._stop_worker(worker, kill)
+        if future is not None and not future.done() and error is not None:
+            future.set_exception(error)
+        if not self._closed:
+            self._start_worker()
+
+    def _dispatch(self) -> None:
+        while self._idle and self._queue:
+            html, url, future = self._queue.popleft()
+            if future.done():  # its caller was cancelled
+                continue
+            worker = self._idle.pop()
+            worker.future, worker.url = future, url
+            try:
+                worker.conn.send((html, url))
+            except OSError:  # died while idle: the document waits for the next worker
+                worker.future = None
+                self._queue.appendleft((html, url, future))
+                self._retire(worker, None, kill=True)
+                continue
+            worker.timer = self._loop.call_later(self.timeout, self._expire, worker)

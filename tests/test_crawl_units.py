@@ -203,3 +203,42 @@ def test_extraction_pool_kills_a_document_that_overruns_and_keeps_working() -> N
 
     text, language = asyncio.run(run())
     assert "ordinary paragraph about bridges" in text and language == "en"
+
+
+def test_extraction_pool_replaces_dead_and_worn_workers_and_reports_failures() -> None:
+    import asyncio
+    import os
+    import signal
+
+    from crawlers.extract import ExtractionError, ExtractionPool, ExtractionTimeout
+
+    slow = "<html><body>" + "".join(f"<table><tr><td><p>cell {i} " + "word " * 30 + "</p></td></tr></table>"
+                                    for i in range(20_000)) + "</body></html>"
+    normal = "<html><body><article><p>" + "A perfectly ordinary paragraph about rivers. " * 20 + "</p></article></body></html>"
+
+    def pids(pool: ExtractionPool) -> set[int]:
+        return {worker.process.pid for worker in pool._workers}
+
+    async def run() -> None:
+        pool = ExtractionPool(workers=1, timeout=30, max_documents=2)
+        try:
+            first = pids(pool)
+            assert (await pool.process(normal, "http://a.example/"))[1] == "en"
+            assert pids(pool) == first
+            await pool.process(normal, "http://b.example/")  # the worker's second document: it is retired
+            assert pids(pool).isdisjoint(first)
+            with pytest.raises(ExtractionError, match="http://bad.example/: AttributeError"):
+                await pool.process(None, "http://bad.example/")  # type: ignore[arg-type]
+            task = asyncio.ensure_future(pool.process(slow, "http://killed.example/"))
+            await asyncio.sleep(0.5)
+            os.kill(next(iter(pids(pool))), signal.SIGKILL)  # as the OOM killer or a segfault would
+            with pytest.raises(ExtractionError, match="http://killed.example/: extraction worker died") as caught:
+                await task
+            assert not isinstance(caught.value, ExtractionTimeout)
+            text, language = await pool.process(normal, "http://after.example/")
+            assert "ordinary paragraph about rivers" in text and language == "en"
+        finally:
+            pool.close()
+        assert not pool._workers
+
+    asyncio.run(run())
