@@ -473,7 +473,8 @@ class _Block:
     def utf8(self, name: str) -> tuple[np.ndarray, memoryview] | None:
         """(offsets, bytes) of a string column without nulls, as views of Arrow's buffers; else None."""
         if name not in self.buffers:
-            column = self.table.column(name).combine_chunks()
+            chunked = self.table.column(name)  # combine_chunks would copy even a single chunk
+            column = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
             found = None
             if (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)) and not column.null_count:
                 _, offsets, data = column.buffers()
