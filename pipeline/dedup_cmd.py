@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--id-column", help="field holding the id (default 'id'; generated when absent)")
     parser.add_argument("--max-doc-bytes", type=int, help="reject documents larger than this (default 10 MiB)")
     parser.add_argument("--split-bytes", type=int, help="input bytes per parallel split (default 64 MiB)")
-    parser.add_argument("--num-partitions", type=int, help="hash partitions per shuffle (default 16)")
+    parser.add_argument("--num-partitions", type=int, help="hash partitions per shuffle (default: one per 256 MiB of input, 2 to 64)")
     parser.add_argument("--removed", metavar="CORPUS2", help="also write the removed documents here")
     parser.add_argument("--against", metavar="CORPUS", help="dedup against an earlier corpus's signature index")
     parser.add_argument("--shard-bytes", type=int, help="target shard size (default 256 MiB)")

@@ -69,7 +69,8 @@ CC_ROWS_PER_PARTITION = 8_000_000  # band rows (documents x bands) per connected
 # on the benchmark input at the same CPU time (docs/PIPELINE.md, memory). Set for the local Ray the
 # job starts; deploy/Dockerfile sets them for clusters.
 WORKER_ALLOCATOR_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_MMAP_THRESHOLD_": "65536"}
-BATCH_BYTES = 8 * 1024 * 1024  # text per normalisation/MinHash batch: bounds a worker's working memory
+BATCH_BYTES = 8 * 1024 * 1024
+PARTITION_INPUT_BYTES = 256 * 1024 * 1024  # input per shuffle partition (by default)  # text per normalisation/MinHash batch: bounds a worker's working memory
 
 DOC_SCHEMA = pa.schema([
     ("key", pa.int64()), ("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
@@ -832,7 +833,10 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     files = resolve_inputs(config.inputs, config.storage_options)
     index_files = _against(config, params) if config.against else []
     splits = plan_splits(files, config.split_bytes, first_index=len(index_files))
-    partitions = config.num_partitions or max(2, min(64, len(splits) + len(index_files)))
+    # Shuffles carry ~100 bytes per document, not text: size them by input bytes, not by splits (one
+    # partition per split made splits x partitions tiny files, about a millisecond of CPU each).
+    input_bytes = sum(s.bytes for s in splits)
+    partitions = config.num_partitions or max(2, min(64, -(-input_bytes // PARTITION_INPUT_BYTES) + len(index_files)))
     fingerprint = _fingerprint(config, params, splits, index_files)  # names the output files
     work = WorkDir(posixpath.join(config.output.rstrip("/"), WORK_FOLDER), config.storage_options)
     previous = work.read_json("job.json")
