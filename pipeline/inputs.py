@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import fsspec
+import orjson
 import xxhash
 
 from pipeline.format import MANIFEST_NAME, Corpus, CorpusError
@@ -244,13 +245,19 @@ def _jsonl_record(item: InputFile, lineno: int, raw: bytes, options: ReadOptions
     if not raw.strip():
         return Reject(item.url, position, "empty", "empty line", len(raw))
     try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return Reject(item.url, position, "invalid_utf8", f"invalid UTF-8 at byte {exc.start}", len(raw))
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        return Reject(item.url, position, "unparseable", f"unparseable line ({exc.msg} at column {exc.colno})", len(raw))
+        record = orjson.loads(raw)  # a third of json's time; it also checks the UTF-8
+    except orjson.JSONDecodeError:
+        # what orjson refuses (bad bytes, lone surrogates, huge integers, NaN) the standard library
+        # classifies, so every line is judged as before
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return Reject(item.url, position, "invalid_utf8", f"invalid UTF-8 at byte {exc.start}", len(raw))
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            return Reject(item.url, position, "unparseable", f"unparseable line ({exc.msg} at column {exc.colno})",
+                          len(raw))
     if not isinstance(record, dict):
         return Reject(item.url, position, "unparseable", "unparseable line (not a JSON object)", len(raw))
     text = record.get(options.text_column)
