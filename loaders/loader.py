@@ -598,7 +598,9 @@ class _Packer:
         length = self.seq_len
         grid_2d, segments_2d = self.alloc(out_rows)
         grid, segments = grid_2d.reshape(-1), segments_2d.reshape(-1)
-        need, at, blocks, starts = rows * length, 0, [], []
+        need, at, blocks = rows * length, 0, []
+        row_first_doc = -1  # index, within this batch, of the document a row starts with
+        piece = 0
         while need and self.pending:
             entry = self.pending[0]
             _, tokens, start, block = entry
@@ -609,8 +611,16 @@ class _Packer:
                 grid[at:at + body] = tokens[start:start + body]
             if use > body:  # the eos falls in this piece
                 grid[at + use - 1] = self.eos_id
+            # segment ids: 1, 2, ... per row; a piece crossing a row boundary is segment 1 of the next row
+            row = at // length
+            while row * length < at + use:
+                begin, end = max(at, row * length), min(at + use, (row + 1) * length)
+                if begin == row * length:
+                    row_first_doc = piece
+                segments[begin:end] = piece - row_first_doc + 1
+                row += 1
             blocks.append(block)
-            starts.append(at)
+            piece += 1
             at += use
             need -= use
             if start + use == total:
@@ -618,8 +628,7 @@ class _Packer:
             else:
                 entry[2] += use
         self.buffered -= at
-        segments[:at] = _segment_ids(np.asarray(starts, dtype=np.int64), at, length)
-        grid[at:] = self.pad_id
+        grid[at:] = self.pad_id  # only the tail: every position before it was just written
         segments[at:] = 0
         position = (self.pending[0][0], self.pending[0][2]) if self.pending else (self.next_doc, 0)
         return grid_2d, segments_2d, position, np.asarray(blocks, dtype=np.int64)
@@ -638,14 +647,3 @@ class _Packer:
         segments.fill(0)
         return tokens, segments, (self.next_doc, 0), np.zeros(0, np.int64)
 
-
-def _segment_ids(starts: np.ndarray, end: int, length: int) -> np.ndarray:
-    """Segment ids of ``end`` packed positions whose pieces (documents) begin at ``starts``.
-
-    Rows are ``length`` long; in each row the pieces are numbered from 1, a piece carried over from the
-    row before being number 1. Computed per run between piece and row starts, not per position.
-    """
-    bounds = np.union1d(starts, np.arange(0, end, length))
-    row_start = bounds - bounds % length
-    values = 1 + np.searchsorted(starts, bounds, side="right") - np.searchsorted(starts, row_start, side="right")
-    return np.repeat(values.astype(np.int32), np.diff(np.append(bounds, end)))
