@@ -31,7 +31,7 @@ class StreamingDataset(IterableDataset):
     def __init__(self, url: str, **loader_args: Any) -> None:
         super().__init__()
         self.loader = StreamingLoader(url, **loader_args)
-        self.shared_text = False  # set by StreamingDataLoader: workers ship units of batches in shared memory
+        self.units = False  # set by StreamingDataLoader: workers ship units of batches in shared memory
 
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)
@@ -48,7 +48,7 @@ class StreamingDataset(IterableDataset):
         loader.worker_id = ((info.id if info is not None else 0) + self.loader._batches) % loader.num_workers
         if info is not None and self.loader.io_threads_arg is None:
             loader.io_threads = max(1, (os.cpu_count() or 1) // workers)  # the workers are the parallelism
-        if self.shared_text and info is not None:
+        if self.units and info is not None:
             pool = _SharedPool()
             for unit in loader.units(UNIT_BATCHES, pool.allocate):
                 yield unit, pool.released, pool.lent()
@@ -67,7 +67,9 @@ class StreamingDataLoader(DataLoader):
         if kwargs.pop("batch_size", None) not in (None,):
             raise ValueError("the dataset yields whole batches; set batch_size on the dataset, not here")
         dataset.loader.num_workers = max(1, num_workers)
-        dataset.shared_text = num_workers > 0
+        # Units carry Python-string documents or packed tokens; Arrow and UTF-8 batches travel one by one.
+        loader = dataset.loader
+        dataset.units = num_workers > 0 and (loader.seq_len is not None or loader.output == "python")
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
         self.stream = dataset.loader
 
@@ -107,7 +109,7 @@ class StreamingDataLoader(DataLoader):
         A stream whose ``last`` unit arrived is skipped, as DataLoader skips an exhausted worker.
         """
         items = super().__iter__()
-        if self.num_workers == 0:
+        if not self.dataset.units:  # type: ignore[attr-defined]
             yield from items
             return
         count = self.stream.num_workers

@@ -91,3 +91,10 @@ def test_token_batches_stay_intact_while_workers_reuse_buffers(corpus: tuple[str
     got = [b["tokens"] if keep else b["tokens"].clone() for b in loader]
     assert len(got) == len(expected) > 2 * 16  # more units than a worker's pool has buffers
     assert all(np.array_equal(g.numpy(), e) for g, e in zip(got, expected))
+
+
+def test_arrow_batches_through_workers_keep_the_ranks_order(corpus: tuple[str, list[str]]) -> None:
+    path, _ = corpus
+    as_units = [b["id"] for b in loader_for(path, 2)]
+    one_by_one = [b.column("id").to_pylist() for b in loader_for(path, 2, output="arrow")]
+    assert one_by_one == as_units
