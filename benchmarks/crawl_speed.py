@@ -90,7 +90,7 @@ from crawlers import crawl
 start, out, extract, concurrency = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
 summary = crawl([start], out, allow_networks=["127.0.0.0/8"], concurrency=concurrency,
                 per_host_concurrency=concurrency, min_delay=0.0, adaptive=False, extract=extract,
-                progress_interval=3600, commit_every=5000)  # extract_workers: the default, one per CPU
+                progress_interval=3600)  # commits and extract_workers (one per CPU): the defaults
 print(json.dumps({"pages": summary.documents, "elapsed": summary.elapsed_s}))
 """
 

@@ -33,7 +33,7 @@ from .extract import (
     detect_language,
 )
 from .fetch import HTML_TYPES, SITEMAP_TYPES, BlockedError, Fetcher, FetchError, FetchLimits, Response
-from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, now_ms
+from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, ResultLog, now_ms
 from .output import Committer, warc_payload
 from .proxies import NoProxyAvailable, ProxyPool, ProxySpec
 from .robots import Robots, fetch_robots
@@ -217,6 +217,7 @@ class Crawler:
         self._pending_results = 0
         self._documents = 0
         self._dedup: Any = None
+        self._committing: asyncio.Future[int] | None = None
         self._dedup_counts = Counter[str]()
 
     # -- public ------------------------------------------------------------------------------
@@ -228,7 +229,8 @@ class Crawler:
     async def run(self) -> CrawlSummary:
         cfg = self.config
         started = time.monotonic()
-        self.committer = Committer(self.output, self.frontier, shard_bytes=cfg.shard_bytes,
+        self.results = ResultLog(self.state_path, cfg.synchronous)
+        self.committer = Committer(self.output, self.results, shard_bytes=cfg.shard_bytes,
                                    row_group_bytes=cfg.row_group_bytes, warc=cfg.warc,
                                    storage_options=cfg.storage_options)
         for orphan in self.committer.remove_orphans():
@@ -249,7 +251,7 @@ class Crawler:
 
             self._dedup = await AsyncDedupClient(cfg.dedup_service, cfg.dedup_service_token).open()
         self._documents = self.frontier.documents()
-        self._pending_results = self.frontier.unsharded_count()
+        self._pending_results = self.results.unsharded_count()
         background: list[asyncio.Task[None]] = []
         try:
             self.committer.publish(self._stats())  # a crash between recording a shard and publishing
@@ -271,12 +273,15 @@ class Crawler:
                 await self._dedup.close()
             if self.pool is not None:
                 self.pool.close()
+            if self._committing is not None:
+                await asyncio.wait([self._committing])  # a failure was logged; its rows are still pending
             try:
                 self.committer.flush(self._stats())
                 self._pending_results = 0
             finally:
                 summary = self._summary(time.monotonic() - started)
                 self.frontier.close()
+                self.results.close()
         return summary
 
     def enqueue(self, urls: Iterable[str], depth: int = 0) -> int:
@@ -746,8 +751,20 @@ class Crawler:
 
     # -- commit, progress, health --------------------------------------------------------------
     def _commit(self) -> None:
-        self.committer.flush(self._stats())
+        """Write the pending results into a shard in a thread, while the crawl goes on; one at a time.
+
+        The rows are already durable in the frontier, so nothing waits for the shard: while one is
+        being written, the next commit starts with the first page that finds the previous one done.
+        """
+        if self._committing is not None and not self._committing.done():
+            return
         self._pending_results = 0
+        self._committing = asyncio.ensure_future(asyncio.to_thread(self.committer.flush, self._stats()))
+        self._committing.add_done_callback(self._committed)
+
+    def _committed(self, future: asyncio.Future[int]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self._error(f"commit failed, its rows wait for the next one: {future.exception()!r}")
 
     async def _committer_loop(self) -> None:
         while True:

@@ -64,7 +64,8 @@ class Frontier:
 
     def __init__(self, path: str, synchronous: str = "NORMAL", cache_mib: int = 16) -> None:
         self.path = path
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        # The timeout covers a commit thread's short transaction on its own connection (ResultLog).
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60.0)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={synchronous}")
         self.db.execute(f"PRAGMA cache_size=-{int(cache_mib) * 1024}")
@@ -204,6 +205,27 @@ class Frontier:
             f"VALUES (?, {', '.join('?' * len(RESULT_COLUMNS))}, ?)",
             (request.rowid, *(row[c] for c in RESULT_COLUMNS), warc))
 
+    def documents(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM urls WHERE outcome = 'ok'").fetchone()[0]
+
+    def close(self) -> None:
+        self.db.close()
+
+
+
+class ResultLog:
+    """Result rows waiting for a shard, and the shards written so far, over a connection of their own.
+
+    Why a second connection: a commit (read the waiting rows, write a shard, record it) runs in a
+    thread beside the event loop, and a SQLite transaction belongs to its connection. The two writers
+    take turns on the database lock, each for a short transaction; WAL lets reads go on meanwhile.
+    Open it after :class:`Frontier`, which creates the schema and sets WAL mode.
+    """
+
+    def __init__(self, path: str, synchronous: str = "NORMAL") -> None:
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60.0)
+        self.db.execute(f"PRAGMA synchronous={synchronous}")
+
     def unsharded(self, limit: int) -> list[tuple[int, dict[str, Any], bytes | None]]:
         rows = self.db.execute(
             f"SELECT url_rowid, {', '.join(RESULT_COLUMNS)}, warc FROM results "
@@ -216,17 +238,19 @@ class Frontier:
     def record_shards(self, infos: list[dict[str, Any]], rowids: Iterable[int], warc: str | None) -> None:
         """Record written shards and drop the result rows they now hold. The manifest comes next; a
         restart rewrites it from this table, so a crash in between loses nothing."""
-        with self.transaction():
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
             self.db.executemany("DELETE FROM results WHERE url_rowid = ?", ((rowid,) for rowid in rowids))
             self.db.executemany("INSERT INTO shards(name, info, warc) VALUES (?, ?, ?)",
                                 ((info["path"], json.dumps(info), warc) for info in infos))
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
 
     def shards(self) -> list[tuple[str, dict[str, Any], str | None]]:
         rows = self.db.execute("SELECT name, info, warc FROM shards ORDER BY rowid")
         return [(name, json.loads(info), warc) for name, info, warc in rows]
-
-    def documents(self) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM urls WHERE outcome = 'ok'").fetchone()[0]
 
     def close(self) -> None:
         self.db.close()

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from pipeline.format import ShardInfo, ShardWriter, open_fs, write_manifest
 
-from .frontier import Frontier
+from .frontier import ResultLog
 
 # Columns of a raw crawl shard; docs/FORMAT.md, "Raw crawl shards", explains each.
 RAW_CRAWL_SCHEMA = pa.schema(
@@ -97,12 +97,15 @@ def _to_table(rows: list[dict[str, Any]]) -> pa.Table:
 
 
 class Committer:
-    """Moves pending results from the frontier into shards and publishes the manifest."""
+    """Moves pending results from the frontier into shards and publishes the manifest.
 
-    def __init__(self, output: str, frontier: Frontier, *, shard_bytes: int, row_group_bytes: int,
+    Uses only its :class:`ResultLog`, so :meth:`flush` may run in a thread while the crawl goes on.
+    """
+
+    def __init__(self, output: str, results: ResultLog, *, shard_bytes: int, row_group_bytes: int,
                  warc: bool, storage_options: Mapping[str, Any] | None = None) -> None:
         self.output = output
-        self.frontier = frontier
+        self.results = results
         self.shard_bytes = shard_bytes
         self.row_group_bytes = row_group_bytes
         self.warc = warc
@@ -113,7 +116,7 @@ class Committer:
     def remove_orphans(self) -> list[str]:
         """Delete shard and WARC files that no recorded shard names (left by a crash mid-commit)."""
         recorded = set()
-        for name, _info, warc in self.frontier.shards():
+        for name, _info, warc in self.results.shards():
             recorded.add(name)
             if warc:
                 recorded.add(warc)
@@ -130,7 +133,7 @@ class Committer:
         """Write every pending result into new shards, then publish; returns rows written."""
         written = 0
         while True:
-            pending = self.frontier.unsharded(batch_rows)
+            pending = self.results.unsharded(batch_rows)
             if not pending:
                 break
             run_id = uuid.uuid4().hex[:12]
@@ -149,14 +152,14 @@ class Committer:
                 records = [(row, blob) for (_r, row, blob) in pending if blob is not None]
                 with self.fs.open(posixpath.join(self.root, warc_name), "wb") as handle:
                     _write_warc(handle, records)
-            self.frontier.record_shards(infos, [rowid for rowid, _row, _blob in pending], warc_name)
+            self.results.record_shards(infos, [rowid for rowid, _row, _blob in pending], warc_name)
             written += len(pending)
         self.publish(stats)
         return written
 
     def publish(self, stats: Mapping[str, Any]) -> None:
         """Write the manifest listing every recorded shard (and WARC file)."""
-        recorded = self.frontier.shards()
+        recorded = self.results.shards()
         shards = [ShardInfo.from_dict(info) for _name, info, _warc in recorded]
         warcs = sorted({warc for _n, _i, warc in recorded if warc})
         write_manifest(self.output, shards, RAW_CRAWL_SCHEMA, stats=dict(stats),

@@ -101,6 +101,25 @@ def test_rerun_resumes_without_fetching_committed_pages_twice(servers: ServerThr
     assert third.fetched_this_run == 0 and len(documents(tmp_path)) == 13
 
 
+def test_commits_in_the_background_lose_and_repeat_no_row(servers: ServerThread, tmp_path: Path) -> None:
+    """A commit after every page: shards are written in a thread while pages keep arriving."""
+    import sqlite3
+
+    site = servers.start(Site("127.0.0.2", "a.test"))
+    pages = [f"/p{i}" for i in range(40)]
+    site.article("/", "Home", pages)
+    for path in pages:
+        site.article(path, f"Page {path}", ["/"])
+    summary = crawl_sites(tmp_path, [site.url("/")], [site], commit_every=1, concurrency=8, per_host_concurrency=8)
+    assert summary.documents == 41 and not summary.errors
+    corpus = Corpus.open(str(tmp_path))
+    assert len(corpus.shards) >= 2 and all(result.ok for result in corpus.verify())
+    ids = [row["id"] for row in documents(tmp_path)]
+    assert sorted(ids) == sorted({url_id(site.url(path)) for path in ["/", *pages]})
+    with sqlite3.connect(tmp_path / ".crawl" / "frontier.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM results").fetchone()[0] == 0
+
+
 def test_cli_crawls_and_reports_bad_seeds(servers: ServerThread, tmp_path: Path) -> None:
     site = servers.start(Site("127.0.0.2", "a.test"))
     site.article("/", "Home", ["/a"])
