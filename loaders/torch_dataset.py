@@ -14,6 +14,7 @@ import itertools
 import os
 from collections import deque
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,7 +52,7 @@ class StreamingDataset(IterableDataset):
         if self.units and info is not None:
             pool = _SharedPool()
             for unit in loader.units(UNIT_BATCHES, pool.allocate):
-                yield unit, pool.released, pool.lent()
+                yield _Shipment(unit, pool.released, pool.lent())
             return
         for batch in loader:
             if "tokens" in batch:
@@ -123,9 +124,9 @@ class StreamingDataLoader(DataLoader):
                 if item is None:
                     ended = [True] * count
                     break
-                unit, released, slots = item
+                unit = item.unit
                 pending[unit.worker].extend(self._split(unit))
-                held.append(([b.untyped_storage() for b in _buffers(unit)], released, slots))
+                held.append(([b.untyped_storage() for b in _buffers(unit)], item.released, item.slots))
                 held = [h for h in held if not _release(*h)]
                 ended[unit.worker] |= unit.last
             if pending[stream]:
@@ -163,6 +164,19 @@ class StreamingDataLoader(DataLoader):
 
 
 UNIT_BATCHES = 32  # about 1,000 documents (12 MB here) a unit; 8 and 128 measured no better on 2 cores
+
+
+@dataclass
+class _Shipment:
+    """A unit plus the shared flags that hand its buffers back to the worker.
+
+    A class rather than a tuple, so that DataLoader's pin-memory thread passes it through untouched
+    (it would copy the flags tensor into pinned memory, where the worker never sees them).
+    """
+
+    unit: Unit
+    released: torch.Tensor
+    slots: list[int]
 
 
 class _SharedPool:

@@ -98,3 +98,29 @@ def test_arrow_batches_through_workers_keep_the_ranks_order(corpus: tuple[str, l
     as_units = [b["id"] for b in loader_for(path, 2)]
     one_by_one = [b.column("id").to_pylist() for b in loader_for(path, 2, output="arrow")]
     assert one_by_one == as_units
+
+
+@pytest.mark.parametrize("steps", [61, 2000])  # ranks stop early; ranks run short and pad
+def test_packed_units_keep_the_step_quota_across_ranks(corpus: tuple[str, list[str]], steps: int) -> None:
+    path, _ = corpus
+    args = {"batch_size": 2, "seq_len": 48, "seed": 6, "world_size": 2, "steps_per_epoch": steps}
+    for rank in range(2):
+        streams = [[b["tokens"] for b in StreamingLoader(path, rank=rank, num_workers=2, worker_id=w, **args)]
+                   for w in range(2)]
+        expected = [streams[i % 2][i // 2] for i in range(steps)]
+        got = [b["tokens"].numpy() for b in StreamingDataLoader(StreamingDataset(path, rank=rank, **args),
+                                                                 num_workers=2)]
+        assert len(got) == steps and all(np.array_equal(g, e) for g, e in zip(got, expected))
+
+
+def test_pin_memory_thread_passes_units_and_their_release_flags_through() -> None:
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    from loaders.loader import Unit
+    from loaders.torch_dataset import _SharedPool, _Shipment
+
+    pool = _SharedPool()
+    buffer = pool.allocate(10, np.uint8)
+    shipment = _Shipment(Unit(0, sizes=[1], columns={"text": (buffer, buffer)}), pool.released, pool.lent())
+    assert pin_memory(shipment) is shipment  # the flags stay the shared tensor the worker reads
+    assert shipment.slots == [0] and not pool.released[0]
