@@ -85,15 +85,14 @@ class StreamingDataLoader(DataLoader):
         self.stream.set_epoch(self.stream.epoch + 1)  # reached only when the epoch ran to its end
 
     def _first(self) -> list[Any]:
-        """With workers, the first document batch, read here before they start (as [batch], or []).
+        """With workers, the first batch, read here before they start (as [batch], or []).
 
         Starting worker processes takes longer than reading one batch. This process reads it in its own
         thread (``io_threads=0``: no thread may be running when DataLoader forks); the workers, started
-        when the next batch is asked for, skip it by the resume arithmetic. Packed batches cannot be
-        skipped before they are packed, so they all come from the workers.
+        when the next batch is asked for, continue after it exactly as after a resume.
         """
         stream = self.stream
-        if self.num_workers == 0 or stream.seq_len is not None:
+        if self.num_workers == 0:
             return []
         reader = copy.copy(stream)
         reader._source = None
@@ -102,7 +101,12 @@ class StreamingDataLoader(DataLoader):
         batches = iter(reader)
         first = next(batches, None)
         batches.close()
-        return [] if first is None else [first]
+        if first is None:
+            return []
+        if "tokens" in first:
+            first = dict(first, tokens=self._tensor(torch.from_numpy(first["tokens"])),
+                         segment_ids=self._tensor(torch.from_numpy(first["segment_ids"])))
+        return [first]
 
     def _batches(self) -> Iterator[Any]:
         """The rank's batches in order, cut from the workers' units (batch ``i`` is from stream ``i % W``).
