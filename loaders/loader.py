@@ -410,8 +410,8 @@ class StreamingLoader:
             nonlocal unit
             done, unit = unit, None
             assert done is not None
-            rows = sum(done.sizes) * length
-            done.columns = {name: buffer[:rows] for name, buffer in done.columns.items()}
+            filled = sum(done.sizes) * length  # flat buffers: the rows written, in elements
+            done.columns = {name: buffer[:filled] for name, buffer in done.columns.items()}
             return done
 
         for batch in self._packed(order, spec, alloc):
