@@ -64,11 +64,11 @@ REJECTS_FOLDER = "_rejects"
 WORK_FOLDER = "_work"
 BYTES_PER_TOKEN = 4  # the approximate-token statistic: UTF-8 bytes / 4
 CC_ROWS_PER_PARTITION = 8_000_000  # band rows (documents x bands) per connected-components partition
-# Arrow's default jemalloc pool kept ~120 MB per worker after each split and glibc's sliding mmap
-# threshold kept large freed strings on the heap; with these a worker's peak fell from 430 to 320 MB
-# on the benchmark input at the same CPU time (docs/PIPELINE.md, memory). Set for the local Ray the
-# job starts; deploy/Dockerfile sets them for clusters.
-WORKER_ALLOCATOR_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_MMAP_THRESHOLD_": "65536"}
+# Arrow's mimalloc pool kept ~60 MB per worker of freed pages after each split; purging them at once
+# costs ~6% more CPU in the stages. (Arrow's system pool with glibc's mmap threshold fixed kept ~110 MB
+# less, but page faults on every fresh buffer cost ~30% more CPU; docs/PIPELINE.md, memory.) Set for
+# the local Ray the job starts; deploy/Dockerfile sets it for clusters.
+WORKER_ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "0"}
 BATCH_BYTES = 8 * 1024 * 1024
 PARTITION_INPUT_BYTES = 256 * 1024 * 1024  # input per shuffle partition (by default)  # text per normalisation/MinHash batch: bounds a worker's working memory
 
