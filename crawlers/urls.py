@@ -11,6 +11,7 @@ import re
 from functools import lru_cache
 from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit, urlunsplit
 
+import lxml.etree
 import xxhash
 
 # Query parameters that only track the visitor and never change the page.
@@ -26,6 +27,7 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 _SAFE_PATH = "/%:@!$&'()*+,;=-._~"
 _SAFE_QUERY = "/?:@!$'()*+,;-._~"
 _PERCENT = re.compile(r"%[0-9a-fA-F]{2}")
+_XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*\?>")
 # Already-canonical shapes (lower-case host, no query, fragment, escapes or dot segments) skip parsing.
 _FAST = re.compile(r"(https?)://([a-z0-9-]+(?:\.[a-z0-9-]+)*)(?::([0-9]{1,5}))?(/[A-Za-z0-9\-_~!$&'()*+,;=:@/.]*)?")
 
@@ -117,6 +119,12 @@ def host_of(normalized: str) -> str:
     return netloc.rsplit(":", 1)[0] if ":" in netloc else netloc
 
 
+@lru_cache(maxsize=1)
+def _html_parser() -> lxml.etree.HTMLParser:
+    """Plain lxml elements: ``lxml.html``'s Python-side element classes cost a lookup per node."""
+    return lxml.etree.HTMLParser()
+
+
 def parse_page(html: str, base_url: str, want_text: bool = False) -> tuple[list[str], str]:
     """Links of a page and, if asked, its visible text (scripts and styles dropped), from one parse.
 
@@ -124,16 +132,16 @@ def parse_page(html: str, base_url: str, want_text: bool = False) -> tuple[list[
     ``<base>``; a page whose ``<meta name="robots">`` says ``nofollow`` yields none, and
     ``rel="nofollow"`` links are skipped.
     """
-    import lxml.html
-
     try:
-        tree = lxml.html.document_fromstring(html)
-    except (ValueError, lxml.etree.ParserError):
+        # lxml refuses a str that carries an XML encoding declaration, as XHTML pages do.
+        tree = lxml.etree.fromstring(_XML_DECLARATION.sub("", html, count=1), _html_parser())
+    except (ValueError, lxml.etree.LxmlError):
+        return [], ""
+    if tree is None:
         return [], ""
     text = ""
     if want_text:
-        for element in tree.xpath("//script|//style|//noscript|//template"):
-            element.drop_tree()
+        lxml.etree.strip_elements(tree, "script", "style", "noscript", "template", with_tail=False)
         text = " ".join(" ".join(tree.itertext()).split())
     for meta in tree.iterfind(".//meta[@name]"):
         if meta.get("name", "").lower() == "robots" and "nofollow" in meta.get("content", "").lower():

@@ -54,6 +54,10 @@ def test_parse_page_links_base_nofollow_and_text() -> None:
     assert "hidden" not in text and "Intro" in text
     blocked, _ = parse_page('<meta name="robots" content="noindex, nofollow"><a href="/x">x</a>', "http://s.example/")
     assert blocked == []
+    xhtml = ('<?xml version="1.0" encoding="utf-8"?>\n<html xmlns="http://www.w3.org/1999/xhtml"><body>'
+             '<p>Kept<style>p {}</style> text</p><a href="/next">next</a></body></html>')
+    assert parse_page(xhtml, "http://s.example/", want_text=True) == (["http://s.example/next"], "Kept text next")
+    assert parse_page("", "http://s.example/") == ([], "")
 
 
 @pytest.mark.parametrize(
@@ -153,6 +157,20 @@ def test_extract_text_and_language() -> None:
     assert detect_language("1234 5678 !!") == "und"
     assert extract_text("") == "" and extract_text(b"\xff\xfe\x00garbage") == ""
     assert len(content_hash(text)) == 32
+
+
+def test_language_id_scores_exactly_as_py3langid_does() -> None:
+    """The identifier's widened weights must not change a single score of the library's own."""
+    import py3langid.langid as langid
+
+    from crawlers.extract import _identifier
+
+    library = langid.LanguageIdentifier.from_model_file(langid.MODEL_FILE, norm_probs=True)
+    samples = ["The committee approved the budget after a long debate on Tuesday.",
+               "Die Stadtverwaltung hat am Montag beschlossen, die alte Brücke zu erneuern.",
+               "Le conseil municipal a voté la rénovation du vieux pont.", "日本語のテキストです。", "1234", ""]
+    for sample in samples:
+        assert _identifier().classify(sample) == library.classify(sample)
 
 
 def test_frontier_seen_set_and_durable_transitions(tmp_path) -> None:
