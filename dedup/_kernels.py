@@ -12,15 +12,17 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# Character classes of the lookup table built in ``dedup.normalize``.
-CLASS_OTHER = 0
-CLASS_SPACE = 1
-CLASS_PUNCT = 2
-CLASS_DIGIT = 3
-CLASS_NOSPACE = 4  # a letter of a script written without spaces between words (CJK, Thai, ...)
-
-MERSENNE_61 = (1 << 61) - 1
-SENTINEL = np.uint64(0xFFFFFFFFFFFFFFFF)  # signature value of a document without any shingle
+from ._constants import (
+    CLASS_DIGIT,
+    CLASS_NOSPACE,
+    CLASS_PUNCT,
+    CLASS_SPACE,
+    MERSENNE_61,
+    MODE_AUTO,
+    MODE_CHAR,
+    MODE_WORD,
+    SENTINEL,
+)
 
 _P = np.uint64(MERSENNE_61)
 _M32 = np.uint64(0xFFFFFFFF)
@@ -39,9 +41,6 @@ _U61 = np.uint64(61)
 _SPACE = np.uint8(0x20)
 _ZERO_DIGIT = np.uint8(0x30)
 
-MODE_WORD = 0
-MODE_CHAR = 1
-MODE_AUTO = 2
 
 
 @njit(cache=True, inline="always")

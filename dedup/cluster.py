@@ -5,8 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from . import _kernels as K
-
 
 def key_positions(sorted_keys: np.ndarray, wanted: np.ndarray, what: str) -> np.ndarray:
     """Positions of ``wanted`` int64 keys in ``sorted_keys``; a missing key is a KeyError naming it."""
@@ -39,11 +37,14 @@ class UnionFind:
         right_index = key_positions(self._keys, right, "right")
         if left_index.shape != right_index.shape:
             raise ValueError(f"left and right differ in length: {left_index.size} and {right_index.size}")
+        from . import _kernels as K  # on first use: see dedup/_constants.py
         K.union_edges(self._parent, left_index, right_index)
         return self
 
     def labels(self, keys: np.ndarray | None = None) -> np.ndarray:
         """The smallest key of each key's component (for ``keys``, default all keys in sorted order)."""
+        from . import _kernels as K  # on first use: see dedup/_constants.py
+
         root_keys = self._keys[K.roots(self._parent)]
         if keys is None:
             return root_keys

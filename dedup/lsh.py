@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _kernels as K
 from .cluster import key_positions
 
 _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(128)
@@ -67,6 +66,8 @@ def band_hashes(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
     signatures = np.ascontiguousarray(signatures, dtype=np.uint64)
     if signatures.ndim != 2 or bands * rows > signatures.shape[1]:
         raise ValueError(f"{bands} bands x {rows} rows need signatures with at least {bands * rows} columns")
+    from . import _kernels as K  # on first use: see dedup/_constants.py
+
     return K.band_hashes(signatures, bands, rows)
 
 

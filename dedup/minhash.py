@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _kernels as K
+from . import _constants as C
 from .normalize import DEFAULT_NORMALIZE, NormalizeOptions, Texts, class_table, prepare
 
 DEFAULT_SEED = 0x6772697374  # "grist"
-SENTINEL = int(K.SENTINEL)
-MERSENNE_61 = K.MERSENNE_61
-_MODES = {"word": K.MODE_WORD, "char": K.MODE_CHAR, "auto": K.MODE_AUTO}
+SENTINEL = int(C.SENTINEL)
+MERSENNE_61 = C.MERSENNE_61
+_MODES = {"word": C.MODE_WORD, "char": C.MODE_CHAR, "auto": C.MODE_AUTO}
 _MASK64 = (1 << 64) - 1
 
 
@@ -91,6 +91,8 @@ class MinHasher:
 
     def signatures_prepared(self, data: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Signatures of a batch already passed through ``normalize.prepare`` with these options."""
+        from . import _kernels as K  # on first use: see dedup/_constants.py
+
         sig, modes = K.minhash(
             data,
             offsets,
@@ -104,4 +106,4 @@ class MinHasher:
             self._a,
             self._b,
         )
-        return sig, modes == K.MODE_CHAR
+        return sig, modes == C.MODE_CHAR

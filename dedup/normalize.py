@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from . import _kernels as K
+from . import _constants as C
 
 # Scripts written without spaces between words: documents mostly in these get character shingles.
 NO_SPACE_RANGES: tuple[tuple[int, int], ...] = (
@@ -62,7 +62,7 @@ DEFAULT_NORMALIZE = NormalizeOptions()
 
 @functools.cache
 def class_table() -> np.ndarray:
-    """The class of every code point (``_kernels.CLASS_*``), built once per process.
+    """The class of every code point (``_constants.CLASS_*``), built once per process.
 
     Only planes 0-3 and the tag/variation-selector block of plane 14 hold white space, punctuation,
     symbols or digits; the rest of the code space is unassigned or private use and stays ``OTHER``.
@@ -71,16 +71,16 @@ def class_table() -> np.ndarray:
     for cp in (*range(0x40000), *range(0xE0000, 0xE1000)):
         ch = chr(cp)
         if ch.isspace():
-            table[cp] = K.CLASS_SPACE
+            table[cp] = C.CLASS_SPACE
             continue
         category = unicodedata.category(ch)
         if category[0] in "PS":
-            table[cp] = K.CLASS_PUNCT
+            table[cp] = C.CLASS_PUNCT
         elif category == "Nd":
-            table[cp] = K.CLASS_DIGIT
+            table[cp] = C.CLASS_DIGIT
     for lo, hi in NO_SPACE_RANGES:
         block = table[lo : hi + 1]
-        block[block == K.CLASS_OTHER] = K.CLASS_NOSPACE
+        block[block == C.CLASS_OTHER] = C.CLASS_NOSPACE
     table.flags.writeable = False
     return table
 
@@ -133,6 +133,8 @@ def fold_prepared(
     data: np.ndarray, offsets: np.ndarray, options: NormalizeOptions
 ) -> tuple[np.ndarray, np.ndarray]:
     """Steps 3-5 on a prepared batch: the fully normalised UTF-8 bytes and their offsets."""
+    from . import _kernels as K  # on first use: see dedup/_constants.py
+
     return K.fold(data, offsets, class_table(), options.punctuation, options.digits, options.whitespace)
 
 

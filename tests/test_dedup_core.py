@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import glob
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -176,3 +178,16 @@ def shingle_set(text: str, n: int = 5) -> set[tuple[str, ...]]:
 
 def jaccard(a: set, b: set) -> float:
     return len(a & b) / len(a | b)
+
+
+def test_importing_dedup_and_planning_a_job_loads_no_numba() -> None:
+    """The job's driver only plans (bands, seed); numba's compiler state (~100 MB) loads with the first kernel."""
+    code = (
+        "import sys, dedup, pipeline.dedup_job as job; "
+        "job._params(job.DedupConfig(inputs=['in'], output='out')); "
+        "before = 'numba' in sys.modules; dedup.content_hash('x'); "
+        "print(before, 'numba' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                            capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "True"]
