@@ -231,7 +231,7 @@ class ShardWriter:
             self._flush_row_group(final=False)
 
     def _flush_row_group(self, final: bool) -> None:
-        table = pa.concat_tables(self._pending).combine_chunks() if len(self._pending) > 1 else self._pending[0]
+        table = pa.concat_tables(self._pending) if len(self._pending) > 1 else self._pending[0]  # no copy
         bytes_per_row = max(table.nbytes / table.num_rows, 1.0)
         rows = max(1, int(self.row_group_bytes / (bytes_per_row * self._compression_ratio)))
         if final:
