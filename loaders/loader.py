@@ -319,12 +319,14 @@ class StreamingLoader:
                 starts[where], ends[where] = offsets[rows[where]], offsets[rows[where] + 1]
             bounds = np.zeros(len(rows) + 1, dtype=np.int64)
             np.cumsum(ends - starts, out=bounds[1:])
-            text, out_offsets = allocate(int(bounds[-1]), np.uint8), allocate(len(bounds), np.int64)
-            np.asarray(out_offsets)[:] = bounds
-            target = memoryview(np.asarray(text))
+            head = bounds.nbytes
+            buffer = allocate(head + int(bounds[-1]), np.uint8)  # one buffer: each one crosses separately
+            flat = np.asarray(buffer)
+            flat[:head] = bounds.view(np.uint8)
+            target = memoryview(flat[head:])
             for block, at, begin, stop in zip(blocks.tolist(), bounds.tolist(), starts.tolist(), ends.tolist()):
                 target[at:at + stop - begin] = views[block][1][begin:stop]  # type: ignore[index]
-            unit.columns[name] = (out_offsets, text)
+            unit.columns[name] = buffer
         unit.window = None
         return unit
 
@@ -399,9 +401,9 @@ class StreamingLoader:
             if unit is None:
                 capacity = min(max_batches, 2 ** min(units, 30)) * size
                 units += 1
-                buffers = [allocate(capacity * length, np.int32) for _ in range(2)]
-                unit = Unit(self.worker_id, columns=dict(zip(("tokens", "segment_ids"), buffers)))
-                arrays = tuple(np.asarray(b).reshape(capacity, length) for b in buffers)  # type: ignore[assignment]
+                buffer = allocate(2 * capacity * length, np.int32)
+                unit = Unit(self.worker_id, columns={"packed": buffer.reshape(2, capacity, length)})
+                arrays = tuple(np.asarray(buffer).reshape(2, capacity, length))  # type: ignore[assignment]
                 used = 0
             used += rows
             return arrays[0][used - rows:used], arrays[1][used - rows:used]
@@ -410,8 +412,7 @@ class StreamingLoader:
             nonlocal unit
             done, unit = unit, None
             assert done is not None
-            filled = sum(done.sizes) * length  # flat buffers: the rows written, in elements
-            done.columns = {name: buffer[:filled] for name, buffer in done.columns.items()}
+            done.columns["packed"] = done.columns["packed"][:, :sum(done.sizes)]
             return done
 
         for batch in self._packed(order, spec, alloc):
@@ -437,10 +438,11 @@ class StreamingLoader:
 class Unit:
     """Consecutive batches of one worker's stream in a few flat buffers, to cross processes in one piece.
 
-    ``sizes`` are the rows of each batch. Documents: ``columns`` maps a string column to ``(offsets,
-    utf8)`` buffers (int64 offsets, ``len + 1``) and any other column to a list. Packed tokens:
-    ``columns`` holds ``tokens`` and ``segment_ids`` as ``[rows, seq_len]`` int32 and ``positions``
-    each batch's stream position. ``last`` marks the empty unit that ends a worker's stream.
+    ``sizes`` are the rows of each batch. Documents: ``columns`` maps a string column to one uint8
+    buffer, ``rows + 1`` int64 offsets then the UTF-8 bytes, and any other column to a list. Packed
+    tokens: ``columns["packed"]`` is int32 ``[2, rows, seq_len]``, tokens then segment ids, and
+    ``positions`` each batch's stream position. ``last`` marks the empty unit that ends a worker's
+    stream. One buffer per column, since moving each buffer between processes has a fixed cost.
     """
 
     worker: int

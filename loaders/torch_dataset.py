@@ -51,8 +51,9 @@ class StreamingDataset(IterableDataset):
             loader.io_threads = max(1, (os.cpu_count() or 1) // workers)  # the workers are the parallelism
         if self.units and info is not None:
             pool = _SharedPool()
-            for unit in loader.units(UNIT_BATCHES, pool.allocate):
-                yield _Shipment(unit, pool.released, pool.lent())
+            for index, unit in enumerate(loader.units(UNIT_BATCHES, pool.allocate)):
+                # the flags cross once: every tensor sent costs a file-descriptor handover
+                yield _Shipment(unit, pool.released if index == 0 else None, pool.lent())
             return
         for batch in loader:
             if "tokens" in batch:
@@ -121,6 +122,7 @@ class StreamingDataLoader(DataLoader):
         pending: list[deque[Any]] = [deque() for _ in range(count)]
         ended = [False] * count
         held: list[tuple[list[torch.UntypedStorage], torch.Tensor, list[int]]] = []  # buffers batches may still use
+        flags: list[torch.Tensor | None] = [None] * count  # each worker's release flags
         stream = self.stream._batches % count
         while True:
             while not pending[stream] and not ended[stream]:
@@ -129,8 +131,9 @@ class StreamingDataLoader(DataLoader):
                     ended = [True] * count
                     break
                 unit = item.unit
+                flags[unit.worker] = flags[unit.worker] if item.released is None else item.released
                 pending[unit.worker].extend(self._split(unit))
-                held.append(([b.untyped_storage() for b in _buffers(unit)], item.released, item.slots))
+                held.append(([b.untyped_storage() for b in _buffers(unit)], flags[unit.worker], item.slots))
                 held = [h for h in held if not _release(*h)]
                 ended[unit.worker] |= unit.last
             if pending[stream]:
@@ -143,13 +146,12 @@ class StreamingDataLoader(DataLoader):
         """A unit's batches: Python strings made by Arrow from the shared bytes, or views of the token tensors."""
         bounds = np.cumsum([0, *unit.sizes]).tolist()
         if unit.positions:
-            tokens, segments = (self._tensor(unit.columns[name]) for name in ("tokens", "segment_ids"))
-            length = self.stream.seq_len
-            return [{"tokens": tokens[a * length:b * length].view(b - a, length),
-                     "segment_ids": segments[a * length:b * length].view(b - a, length),
-                     "position": position, "worker": unit.worker}
+            tokens, segments = self._tensor(unit.columns["packed"])
+            return [{"tokens": tokens[a:b], "segment_ids": segments[a:b], "position": position, "worker": unit.worker}
                     for a, b, position in zip(bounds, bounds[1:], unit.positions)]
-        columns = {name: _strings(value) if isinstance(value, tuple) else value for name, value in unit.columns.items()}
+        rows = bounds[-1]
+        columns = {name: _strings(value, rows) if isinstance(value, torch.Tensor) else value
+                   for name, value in unit.columns.items()}
         return [{name: values[a:b] for name, values in columns.items()} for a, b in zip(bounds, bounds[1:])]
 
     def set_epoch(self, epoch: int) -> None:
@@ -179,7 +181,7 @@ class _Shipment:
     """
 
     unit: Unit
-    released: torch.Tensor
+    released: torch.Tensor | None  # sent with a worker's first unit only
     slots: list[int]
 
 
@@ -221,8 +223,7 @@ class _SharedPool:
 
 
 def _buffers(unit: Unit) -> list[torch.Tensor]:
-    return [b for value in unit.columns.values() for b in (value if isinstance(value, tuple) else [value])
-            if isinstance(b, torch.Tensor)]
+    return [value for value in unit.columns.values() if isinstance(value, torch.Tensor)]
 
 
 def _release(storages: list[torch.UntypedStorage], released: torch.Tensor, slots: list[int]) -> bool:
@@ -238,7 +239,8 @@ def _release(storages: list[torch.UntypedStorage], released: torch.Tensor, slots
     return True
 
 
-def _strings(buffers: tuple[torch.Tensor, torch.Tensor]) -> list[str]:
-    """Python strings made by Arrow, in one call, from UTF-8 bytes plus int64 offsets."""
-    offsets, text = (b.numpy() for b in buffers)
-    return pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(text)).to_pylist()
+def _strings(buffer: torch.Tensor, rows: int) -> list[str]:
+    """Python strings made by Arrow, in one call, from a unit's column: int64 offsets, then UTF-8 bytes."""
+    data = buffer.numpy()
+    head = 8 * (rows + 1)
+    return pa.LargeStringArray.from_buffers(rows, pa.py_buffer(data[:head]), pa.py_buffer(data[head:])).to_pylist()

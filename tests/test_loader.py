@@ -507,11 +507,12 @@ def test_units_hold_the_streams_batches_in_growing_runs(corpus: tuple[str, list[
     for unit in units[:-1]:
         bounds = np.cumsum([0, *unit.sizes]).tolist()
         if seq_len:
-            tokens = np.asarray(unit.columns["tokens"]).reshape(-1, seq_len)
+            tokens = np.asarray(unit.columns["packed"])[0]
             cut += [{"tokens": tokens[a:b], "position": p} for a, b, p in zip(bounds, bounds[1:], unit.positions)]
             continue
-        offsets, text = unit.columns["id"]
-        ids = pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(text)).to_pylist()
+        rows, data = bounds[-1], np.asarray(unit.columns["id"])
+        offsets, text = data[:8 * (rows + 1)], data[8 * (rows + 1):]
+        ids = pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(text)).to_pylist()
         cut += [{"id": ids[a:b], "cluster_size": unit.columns["cluster_size"][a:b]} for a, b in zip(bounds, bounds[1:])]
     assert len(cut) == len(batches)
     for got, want in zip(cut, batches):

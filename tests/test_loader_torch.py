@@ -121,6 +121,6 @@ def test_pin_memory_thread_passes_units_and_their_release_flags_through() -> Non
 
     pool = _SharedPool()
     buffer = pool.allocate(10, np.uint8)
-    shipment = _Shipment(Unit(0, sizes=[1], columns={"text": (buffer, buffer)}), pool.released, pool.lent())
+    shipment = _Shipment(Unit(0, sizes=[1], columns={"text": buffer}), pool.released, pool.lent())
     assert pin_memory(shipment) is shipment  # the flags stay the shared tensor the worker reads
     assert shipment.slots == [0] and not pool.released[0]
