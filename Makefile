@@ -43,6 +43,10 @@ bench-env: pyproject.toml benchmarks/requirements.txt
 	.venv-bench/bin/python -m pip install -q -e ".[test,tokenizers,s3]"
 	.venv-bench/bin/python -m pip install -q -r benchmarks/requirements.txt
 	.venv-bench/bin/python -m pip install -q --no-deps "mosaicml-streaming==0.13.0" "transformers>=4.40"
+	# gristmill as `pip install gristmill` installs it, no extras: what benchmarks/pipeline_e2e.py times
+	test -x .venv-plain/bin/python || $(PYTHON) -m venv .venv-plain
+	.venv-plain/bin/python -m pip install -q -U pip setuptools wheel
+	.venv-plain/bin/python -m pip install -q -e .
 
 clean:
-	rm -rf $(VENV) .venv-bench demo-output build *.egg-info
+	rm -rf $(VENV) .venv-bench .venv-plain demo-output build *.egg-info
