@@ -77,8 +77,10 @@ def test_demo_streams_one_epoch_of_packed_batches(demo) -> None:
     _, stdout, summary = demo
     loader = summary["loader"]
     assert loader["batches"] >= 2 and loader["shape"] == [8, 256] and loader["dtype"] == "int32"
-    assert loader["tokens"] + loader["padding"] == loader["batches"] * 8 * 256
-    assert loader["tokens"] > 0.9 * loader["batches"] * 8 * 256  # packing leaves little padding
+    # every batch but the last is full (one process, no step quota: the last holds what is left)
+    positions = loader["tokens"] + loader["padding"]
+    assert (loader["batches"] - 1) * 8 * 256 < positions <= loader["batches"] * 8 * 256
+    assert loader["padding"] < 256  # packing pads only the end of the last row
     assert loader["counters"]["blocks_fetched"] >= 1 and loader["counters"]["batches"] == loader["batches"]
     assert len(loader["sample_text"]) > 100
     assert summary["resume"] == {**summary["resume"], "checked": True, "identical": True}
