@@ -2,10 +2,11 @@
 
 Stages (docs/PIPELINE.md has the details, the memory each needs and the statistics):
 
-1. ``read``     per split (Ray tasks): parse, reject bad records, normalise + exact hash, write the
-                documents; shuffle (content hash, key) by hash.
+1. ``read``     per split (Ray tasks): parse, reject bad records, normalise + exact hash, MinHash
+                signature of each content hash new to the split, write the documents; shuffle
+                (content hash, key) by hash.
 2. ``exact``    per hash partition (Ray tasks): one survivor per content hash.
-3. ``sign``     per split: MinHash signatures of the exact survivors, band
+3. ``sign``     per split: the exact survivors' signatures (by content hash), band
                 hashes; shuffle (band hash, key) by hash.
 4. ``buckets``  per hash partition: candidate edges within each band bucket.
    ``verify``   (unless ``--no-verify``) each candidate edge joined with its two documents' signatures
@@ -239,14 +240,21 @@ def _read_split_now(job: _Job, split_index: int) -> dict[str, Any]:
     a batch of documents, not the split; only the slim shuffle columns are kept for the whole split."""
     rejects: list[tuple[Reject, str]] = []
     slims: list[pa.Table] = []
+    signed: list[pa.Table] = []
+    seen: set[str] = set()  # content hashes of the split already signed
+    hasher = job.params.hasher()
     ordinal = 0
     with job.work.table_writer(f"docs/s={split_index:05d}.parquet", DOC_SCHEMA) as writer:
         for batch in _document_batches(job, split_index, rejects):
-            table = _document_table(split_index, ordinal, batch)
+            table, signatures = _document_table(split_index, ordinal, batch, hasher, seen)
             writer.write_table(table)
             slims.append(table.select(["content_hash", "key", "id", "length"]))
+            signed.append(signatures)
             ordinal += table.num_rows
     slim = pa.concat_tables(slims) if slims else EXACT_SCHEMA.empty_table().select(["content_hash", "key", "id", "length"])
+    hash_schema = _hash_signature_schema(job.params.num_perm)
+    job.work.write_table(f"hash_sigs/s={split_index:05d}.parquet",
+                         pa.concat_tables(signed) if signed else hash_schema.empty_table())
     _shuffle_exact(job, split_index, slim, existing=False)
     reject_table = pa.table({
         "source": [r.source for r, _ in rejects], "position": [r.position for r, _ in rejects],
@@ -281,21 +289,46 @@ def _document_batches(job: _Job, split_index: int, rejects: list[tuple[Reject, s
         yield batch
 
 
-def _document_table(split_index: int, first: int, batch: list[tuple[Doc, str]]) -> pa.Table:
-    """One batch as rows of the split's documents file: keys from ``first`` on, content hashes."""
-    from dedup.normalize import content_hashes
+def _document_table(split_index: int, first: int, batch: list[tuple[Doc, str]], hasher: Any,
+                    seen: set[str]) -> tuple[pa.Table, pa.Table]:
+    """One batch as rows of the split's documents file (keys from ``first`` on, content hashes), and
+    the MinHash signature of each content hash not in ``seen`` (then added to it).
+
+    Signing here, from the batch normalised for the content hash, spares the sign stage a second read
+    and normalisation of every text. Equal content hashes mean equal normalised texts, hence equal
+    token sequences and signatures, so one signature per hash serves every exact copy.
+    """
+    from dedup.normalize import fold_prepared, hashes_of_folded, prefold, utf8_batch
 
     docs = [d for d, _ in batch]
     texts = [d.text for d in docs]
+    prefolded = prefold(texts, hasher.normalize)
+    data, offsets = utf8_batch(prefolded)
+    hashes = hashes_of_folded(*fold_prepared(data, offsets, hasher.normalize))
+    new = []
+    for i, content_hash in enumerate(hashes):
+        if content_hash not in seen:
+            seen.add(content_hash)
+            new.append(i)
+    if len(new) < len(hashes):
+        data, offsets = utf8_batch([prefolded[i] for i in new])
+    signatures = hasher.signatures_prepared(data, offsets)[0] if new else np.zeros((0, hasher.num_perm), np.uint64)
     keys = (np.int64(split_index) << np.int64(KEY_BITS)) + np.arange(first, first + len(docs), dtype=np.int64)
-    return pa.table({
+    table = pa.table({
         "key": pa.array(keys, pa.int64()), "id": [d.id for d in docs], "text": texts,
         "source": [d.source for d in docs], "domain": [d.domain for d in docs],
         "language": [d.language for d in docs], "fetch_time": [d.fetch_time for d in docs],
-        "content_hash": content_hashes(texts),
+        "content_hash": hashes,
         "length": [len(t) for t in texts],  # characters: the survivor policy prefers the longest text
         "origin": [o for _, o in batch],
     }, schema=DOC_SCHEMA)
+    signed = pa.table({"content_hash": [hashes[i] for i in new], "signature": _fixed_list(signatures)},
+                      schema=_hash_signature_schema(hasher.num_perm))
+    return table, signed
+
+
+def _hash_signature_schema(num_perm: int) -> pa.Schema:
+    return pa.schema([("content_hash", pa.string()), ("signature", pa.list_(pa.uint64(), num_perm))])
 
 
 def _shuffle_exact(job: _Job, split_index: int, slim: pa.Table, existing: bool) -> None:
@@ -394,56 +427,39 @@ def _route_by_split(job: _Job, folder: str, part: int, table: pa.Table, column: 
 
 # -- stage 3: sign -------------------------------------------------------------------------------
 def _sign_split(job: _Job, split_index: int) -> dict[str, Any]:
+    """The exact survivors' signatures (computed by ``read``, one per content hash) with their band
+    hashes, and the map side of the band shuffle; no text is read."""
+
     def compute() -> dict[str, Any]:
         from dedup.lsh import band_hashes
 
+        docs = job.work.read_table(f"docs/s={split_index:05d}.parquet", ["key", "id", "content_hash", "length"])
         exact = job.work.read_folder(f"exact_out/s={split_index:05d}", EXACT_OUT_SCHEMA)
         removed = exact.filter(pc.not_equal(exact["key"], exact["rep_key"]))["key"].combine_chunks()
+        docs = docs.filter(pc.invert(pc.is_in(docs["key"], value_set=removed)))
         survivors = exact.filter(pc.equal(exact["key"], exact["rep_key"]))
-        survivor_keys = survivors["key"].combine_chunks()
-        survivor_copies = survivors["copies"].to_numpy()
-        hasher = job.params.hasher()
-        parts = []
-        for group in job.work.read_row_groups(f"docs/s={split_index:05d}.parquet",
-                                              ["key", "id", "text", "content_hash", "length"]):
-            docs = group.filter(pc.invert(pc.is_in(group["key"], value_set=removed)))
-            copies = np.ones(docs.num_rows, np.int64)
-            where = pc.index_in(docs["key"], value_set=survivor_keys)  # null: no exact copies
-            copies[where.is_valid().to_numpy(zero_copy_only=False)] = survivor_copies[where.drop_null().to_numpy()]
-            signatures = _signatures(hasher, docs["text"])
-            bands = band_hashes(signatures, job.params.bands, job.params.rows) if docs.num_rows else np.zeros(
-                (0, job.params.bands), np.uint64)
-            parts.append(pa.table({
-                "key": docs["key"], "id": docs["id"], "content_hash": docs["content_hash"], "length": docs["length"],
-                "copies": pa.array(copies), "existing": pa.array(np.zeros(docs.num_rows, bool)),
-                "signature": _fixed_list(signatures), "bands": _fixed_list(bands),
-            }, schema=_sig_schema(job.params.num_perm, job.params.bands)))
-        schema = _sig_schema(job.params.num_perm, job.params.bands)
-        sigs = pa.concat_tables(parts) if parts else schema.empty_table()
+        copies = np.ones(docs.num_rows, np.int64)
+        where = pc.index_in(docs["key"], value_set=survivors["key"].combine_chunks())  # null: no exact copies
+        copies[where.is_valid().to_numpy(zero_copy_only=False)] = survivors["copies"].to_numpy()[
+            where.drop_null().to_numpy()]
+        signed = job.work.read_table(f"hash_sigs/s={split_index:05d}.parquet")
+        rows = pc.index_in(docs["content_hash"], value_set=signed["content_hash"].combine_chunks())
+        if rows.null_count:
+            raise DedupError(f"split {split_index}: a document's content hash has no signature")
+        signatures = signed["signature"].take(rows)
+        matrix = _list_matrix(signatures, job.params.num_perm)
+        bands = band_hashes(matrix, job.params.bands, job.params.rows) if docs.num_rows else np.zeros(
+            (0, job.params.bands), np.uint64)
+        sigs = pa.table({
+            "key": docs["key"], "id": docs["id"], "content_hash": docs["content_hash"], "length": docs["length"],
+            "copies": pa.array(copies), "existing": pa.array(np.zeros(docs.num_rows, bool)),
+            "signature": _fixed_list(matrix), "bands": _fixed_list(bands),
+        }, schema=_sig_schema(job.params.num_perm, job.params.bands))
         job.work.write_table(f"sigs/s={split_index:05d}.parquet", sigs)
-        _shuffle_bands(job, split_index, sigs["key"].to_numpy(), _list_matrix(sigs["bands"], job.params.bands))
+        _shuffle_bands(job, split_index, sigs["key"].to_numpy(), bands)
         return {"signed": sigs.num_rows}
 
     return _json_record(job.work, f"sign/done/s={split_index:05d}.json", compute)
-
-
-def _batches(sizes: np.ndarray) -> list[tuple[int, int]]:
-    """``[start, stop)`` ranges of consecutive documents holding about BATCH_BYTES each (at least one)."""
-    ranges, start, n = [], 0, len(sizes)
-    ends = np.cumsum(sizes)
-    while start < n:
-        base = ends[start - 1] if start else 0
-        stop = max(start + 1, int(np.searchsorted(ends, base + BATCH_BYTES, side="right")))
-        ranges.append((start, min(stop, n)))
-        start = min(stop, n)
-    return ranges
-
-
-def _signatures(hasher: Any, texts: pa.ChunkedArray) -> np.ndarray:
-    """Signatures in batches of a bounded byte size, so one worker's memory stays flat."""
-    sizes = pc.binary_length(texts).to_numpy(zero_copy_only=False) if len(texts) else np.zeros(0, np.int64)
-    parts = [hasher.signatures(texts.slice(start, stop - start)) for start, stop in _batches(sizes)]
-    return np.concatenate(parts) if parts else np.zeros((0, hasher.num_perm), np.uint64)
 
 
 def _fixed_list(matrix: np.ndarray) -> pa.FixedSizeListArray:
