@@ -84,14 +84,17 @@ def serve(pages: int, port_out: multiprocessing.connection.Connection) -> None:
     asyncio.run(main())
 
 
+# The guard matters: extraction workers start through multiprocessing, which imports the main script
+# in each new process (without it, every worker would first run a crawl of its own).
 GRISTMILL = """
 import json, sys
 from crawlers import crawl
-start, out, extract, concurrency = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
-summary = crawl([start], out, allow_networks=["127.0.0.0/8"], concurrency=concurrency,
-                per_host_concurrency=concurrency, min_delay=0.0, adaptive=False, extract=extract,
-                progress_interval=3600)  # commits and extract_workers (one per CPU): the defaults
-print(json.dumps({"pages": summary.documents, "elapsed": summary.elapsed_s}))
+if __name__ == "__main__":
+    start, out, extract, concurrency = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+    summary = crawl([start], out, allow_networks=["127.0.0.0/8"], concurrency=concurrency,
+                    per_host_concurrency=concurrency, min_delay=0.0, adaptive=False, extract=extract,
+                    progress_interval=3600)  # commits and extract_workers (one per CPU): the defaults
+    print(json.dumps({"pages": summary.documents, "elapsed": summary.elapsed_s}))
 """
 
 SCRAPY = """

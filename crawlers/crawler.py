@@ -693,6 +693,11 @@ class Crawler:
                 async with self._extract_slots:
                     text, language = await self.pool.process(html, response.url)
             except ExtractionError as exc:  # a timeout, or a worker that crashed on this page
+                if self.pool.broken is not None:  # no worker can start: stop, leaving the page queued
+                    if not self._stopping:
+                        self._error(str(self.pool.broken))
+                        self.stop()
+                    return
                 self._error(str(exc))
                 self._finish(request, "rejected: extraction timed out" if isinstance(exc, ExtractionTimeout)
                              else "rejected: extraction failed")

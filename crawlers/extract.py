@@ -138,7 +138,7 @@ def prepare_worker() -> None:
 
 
 class ExtractionError(Exception):
-    """A document's worker died (crashed or was killed) before answering."""
+    """A document could not be extracted: its worker raised, crashed or was killed, or none would start."""
 
 
 class ExtractionTimeout(ExtractionError):
@@ -172,6 +172,9 @@ class _Worker:
     documents: int = 0
 
 
+MAX_FAILED_STARTS = 3
+
+
 class ExtractionPool:
     """Worker processes for :func:`process_document`, each document with its own time limit.
 
@@ -194,11 +197,15 @@ class ExtractionPool:
         self._idle: list[_Worker] = []
         self._queue: deque[tuple[str, str, asyncio.Future[tuple[str, str]]]] = deque()
         self._closed = False
+        self._failed_starts = 0
+        self.broken: ExtractionError | None = None  # set when workers keep dying before they are ready
         for _ in range(max(1, workers)):
             self._start_worker()
 
     async def process(self, html: str, url: str) -> tuple[str, str]:
         """Run one document; raises :class:`ExtractionTimeout` if it overruns."""
+        if self.broken is not None:
+            raise self.broken
         future: asyncio.Future[tuple[str, str]] = self._loop.create_future()
         self._queue.append((html, url, future))
         self._dispatch()
@@ -208,9 +215,12 @@ class ExtractionPool:
         self._closed = True
         for worker in list(self._workers):
             self._stop_worker(worker, kill=False)
+        self._fail_queue("extraction pool closed")
+
+    def _fail_queue(self, reason: str) -> None:
         for _html, url, future in self._queue:
             if not future.done():
-                future.set_exception(ExtractionError(f"{url}: extraction pool closed"))
+                future.set_exception(ExtractionError(f"{url}: {reason}"))
         self._queue.clear()
 
     def _start_worker(self) -> None:
@@ -241,11 +251,23 @@ class ExtractionPool:
         try:
             answer = worker.conn.recv()
         except (EOFError, OSError):  # the worker died: its document fails, a fresh worker takes over
+            if not worker.ready:
+                self._failed_starts += 1
+            if self._failed_starts >= MAX_FAILED_STARTS:
+                self._closed = True  # no more replacements: they would die the same way, forever
+                self._stop_worker(worker, kill=True)
+                self.broken = ExtractionError(
+                    f"{self._failed_starts} extraction workers died while starting; if a script starts "
+                    "the crawl, it needs an `if __name__ == \"__main__\":` guard (multiprocessing imports "
+                    "the main script in every new process)")
+                self._fail_queue(str(self.broken))
+                return
             self._retire(worker, ExtractionError(f"{worker.url}: extraction worker died"), kill=True)
             return
         future, worker.future = worker.future, None
         if future is None:
             worker.ready = True
+            self._failed_starts = 0
         else:
             assert worker.timer is not None
             worker.timer.cancel()

@@ -260,3 +260,30 @@ def test_extraction_pool_replaces_dead_and_worn_workers_and_reports_failures() -
         assert not pool._workers
 
     asyncio.run(run())
+
+
+def test_extraction_pool_gives_up_when_workers_die_at_start(tmp_path) -> None:
+    """A script without a ``__main__`` guard: each worker re-runs it and dies; no endless respawning."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import asyncio\n"
+        "from crawlers.extract import ExtractionError, ExtractionPool\n"
+        "async def main():\n"
+        "    pool = ExtractionPool(workers=2, timeout=5)\n"
+        "    try:\n"
+        "        await pool.process('<p>text</p>', 'http://x.example/')\n"
+        "    except ExtractionError as exc:\n"
+        "        print('BROKEN', exc)\n"
+        "    finally:\n"
+        "        pool.close()\n"
+        "asyncio.run(main())\n", encoding="utf-8")
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, str(script)], cwd=root, capture_output=True, text=True, timeout=120,
+                            env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "BROKEN http://x.example/: 3 extraction workers died while starting" in result.stdout
+    assert '`if __name__ == "__main__":` guard' in result.stdout
