@@ -86,6 +86,7 @@ def test_the_copies_are_exact_near_or_boilerplate_as_labelled(site: DemoSite) ->
     pages = dict(site.pages())
     texts = {url: extract_text(page.body, url) for url, page in pages.items() if page.kind not in ("robots", "sitemap")}
     kinds = Counter(page.kind for page in pages.values())
+    prose = [paragraph for article in load_articles() for paragraph in article.paragraphs if len(paragraph) >= 40]
     assert kinds["print"] == 16 and kinds["mirror"] == 8 and kinds["syndicated"] >= 10 and kinds["listing"] >= 20
     for url, page in pages.items():
         if page.kind in ("print", "mirror", "syndicated"):
@@ -98,6 +99,9 @@ def test_the_copies_are_exact_near_or_boilerplate_as_labelled(site: DemoSite) ->
             else:
                 assert texts[url] == texts[original], url  # extraction strips the differing chrome
         elif page.kind == "listing":
-            assert len(texts[url]) < 120, (url, texts[url])  # navigation and footer only
+            # navigation, titles and footer only: no article's prose (what the extractor keeps of the
+            # chrome depends on its settings; crawlers/extract.py chose them on the shared benchmark)
+            assert len(texts[url]) < 400, (url, texts[url])
+            assert not any(paragraph[:40] in texts[url] for paragraph in prose), (url, texts[url])
         elif page.kind == "article":
             assert len(texts[url]) > 450, url
