@@ -82,12 +82,18 @@ def test_raw_shards_manifest_and_warc_read_back(servers: ServerThread, tmp_path:
     assert versions == {"WARC/1.1"}
 
 
-def test_rerun_resumes_without_fetching_committed_pages_twice(servers: ServerThread, tmp_path: Path) -> None:
+def _linked_site(servers: ServerThread, count: int) -> tuple[Site, list[str]]:
+    """A home page linking ``count`` articles, each linking back home."""
     site = servers.start(Site("127.0.0.2", "a.test"))
-    pages = [f"/p{i}" for i in range(12)]
+    pages = [f"/p{i}" for i in range(count)]
     site.article("/", "Home", pages)
     for path in pages:
         site.article(path, f"Page {path}", ["/"])
+    return site, pages
+
+
+def test_rerun_resumes_without_fetching_committed_pages_twice(servers: ServerThread, tmp_path: Path) -> None:
+    site, pages = _linked_site(servers, 12)
     first = crawl_sites(tmp_path, [site.url("/")], [site], max_pages=4, commit_every=2)
     assert 4 <= first.documents < 13
     assert len(Corpus.open(str(tmp_path)).shards) >= 2  # committed in several steps
@@ -105,11 +111,7 @@ def test_commits_in_the_background_lose_and_repeat_no_row(servers: ServerThread,
     """A commit after every page: shards are written in a thread while pages keep arriving."""
     import sqlite3
 
-    site = servers.start(Site("127.0.0.2", "a.test"))
-    pages = [f"/p{i}" for i in range(40)]
-    site.article("/", "Home", pages)
-    for path in pages:
-        site.article(path, f"Page {path}", ["/"])
+    site, pages = _linked_site(servers, 40)
     summary = crawl_sites(tmp_path, [site.url("/")], [site], commit_every=1, concurrency=8, per_host_concurrency=8)
     assert summary.documents == 41 and not summary.errors
     corpus = Corpus.open(str(tmp_path))
