@@ -177,7 +177,9 @@ class Prefetcher:
                                 {block: entry.future.result() for block, entry in entries.values()})
                 self.counters.add(wait_seconds=time.perf_counter() - began)
                 yield window
+                window.data.clear()  # the consumer may still hold the Window: let go of its blocks now
                 self._release(entries)
+                del window, entries  # (their futures hold the blocks too) before waiting for the next
         finally:
             self.close()
 
@@ -215,8 +217,9 @@ def read_inline(source: BlockSource, order: EpochOrder, spec: StreamSpec, start_
         if index == first:
             positions = positions[start_row - int(spec.bounds[index]):]
         blocks, rows = order.locate(positions)
-        data = {}
+        window = Window(index, positions, blocks, rows)
         for block in np.unique(blocks).tolist():
             head = int(rows[blocks == block].max()) + 1 if index == first else None
-            data[block] = prepare(source.decode(block, source.fetch(block), head))[0]
-        yield Window(index, positions, blocks, rows, data)
+            window.data[block] = prepare(source.decode(block, source.fetch(block), head))[0]
+        yield window
+        window.data.clear()  # before the next window's blocks are decoded, so their memory is reused

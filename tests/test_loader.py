@@ -537,3 +537,23 @@ def test_reading_in_the_calling_thread_gives_the_same_stream(corpus: tuple[str, 
     got = [first[key]] + [b[key] for b in stream]
     threaded = [b[key] for b in StreamingLoader(path, **args)]
     assert len(got) == len(threaded) and all(np.array_equal(a, b) for a, b in zip(got, threaded))
+
+
+@pytest.mark.parametrize("io_threads", [0, 2])
+def test_a_windows_blocks_are_freed_once_the_next_window_is_read(corpus: tuple[str, list[str]],
+                                                                   io_threads: int) -> None:
+    import weakref
+
+    path, _ = corpus
+    loader = StreamingLoader(path, batch_size=16, columns=["text"], world_size=1, rank=0, shuffle_window=64,
+                             io_threads=io_threads)
+    order, specs, _ = loader._plan()
+    seen: list = []  # every Window stays referenced, as the batching generators' frames keep theirs
+    previous: dict[int, weakref.ref] = {}
+    for window in loader._prefetcher(order, specs[0], 0, lambda t: (t, t.nbytes), 1.0):
+        # Blocks the last window does not share with this one must be gone although its Window object is
+        # still referenced, or each window is decoded into fresh memory while the last one's is still held.
+        assert all(ref() is None for block, ref in previous.items() if block not in window.data)
+        previous = {block: weakref.ref(table) for block, table in window.data.items()}
+        seen.append(window)
+    assert len(seen) > 3 and not any(w.data for w in seen)
