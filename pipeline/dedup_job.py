@@ -70,8 +70,10 @@ CC_ROWS_PER_PARTITION = 8_000_000  # band rows (documents x bands) per connected
 # less, but page faults on every fresh buffer cost ~30% more CPU; docs/PIPELINE.md, memory.) Set for
 # the local Ray the job starts; deploy/Dockerfile sets it for clusters.
 WORKER_ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "0"}
-BATCH_BYTES = 4 * 1024 * 1024  # text per batch (one row group of a split): a worker holds one; 8 MiB cost 47 MB more per worker at the same CPU
-PARTITION_INPUT_BYTES = 256 * 1024 * 1024  # input per shuffle partition (by default)  # text per normalisation/MinHash batch: bounds a worker's working memory
+# Text per batch, one row group of a split's documents: a worker holds one at a time (8 MiB cost
+# 47 MB more per worker at the same CPU).
+BATCH_BYTES = 4 * 1024 * 1024
+PARTITION_INPUT_BYTES = 256 * 1024 * 1024  # input per shuffle partition (by default)
 
 DOC_SCHEMA = pa.schema([
     ("key", pa.int64()), ("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
