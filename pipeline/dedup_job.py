@@ -238,8 +238,9 @@ def _read_split(job: _Job, split_index: int) -> dict[str, Any]:
 
 
 def _read_split_now(job: _Job, split_index: int) -> dict[str, Any]:
-    """Parse, hash and write the split one ~BATCH_BYTES batch (one row group) at a time, so a task holds
-    a batch of documents, not the split; only the slim shuffle columns are kept for the whole split."""
+    """Parse, hash, sign and write the split one ~BATCH_BYTES batch (one row group) at a time, so a task
+    holds a batch of documents, not the split; only the slim shuffle columns and one signature per
+    distinct text are kept for the whole split."""
     rejects: list[tuple[Reject, str]] = []
     slims: list[pa.Table] = []
     signed: list[pa.Table] = []
