@@ -152,6 +152,7 @@ def stream_epoch(corpus_url: str, tokenizer_path: Path, batch_size: int, seq_len
                 first = batch
                 seen["shape"], seen["dtype"] = list(tokens.shape), str(tokens.dtype)
             seen["batches"] += 1
+            seen["last_shape"] = list(tokens.shape)
             seen["tokens"] += int((segments > 0).sum())
             seen["padding"] += int((segments == 0).sum())
             seen["documents"] += int(sum(len(set(row[row > 0].tolist())) for row in segments))
@@ -199,7 +200,8 @@ def resume_check(corpus_url: str, tokenizer_path: Path, batch_size: int, seq_len
 
 
 def show_training_view(seen: dict[str, Any], resumed: dict[str, Any], batch_size: int, seq_len: int) -> None:
-    _say(f"batches    {seen['batches']} of shape {seen.get('shape')} ({seen.get('dtype')}): "
+    last = "" if seen.get("last_shape") == seen.get("shape") else f", the last {seen.get('last_shape')} (what was left)"
+    _say(f"batches    {seen['batches']} of shape {seen.get('shape')} ({seen.get('dtype')}){last}: "
          f"batch_size {batch_size} x seq_len {seq_len}, documents packed back to back, each ending in {EOS}")
     total = seen["tokens"] + seen["padding"]
     _say(f"tokens     {seen['tokens']:,} real + {seen['padding']:,} padding ({100 * seen['padding'] / max(total, 1):.1f}%), "
