@@ -288,26 +288,25 @@ class Crawler:
         """Admit more URLs (seed-like: in scope, under the trap limits); returns how many were new."""
         added = 0
         with self.frontier.transaction():
-            for raw in urls:
-                try:
-                    url = normalize_url(raw)
-                except BadURL as exc:
-                    self._error(f"seed {exc}")
-                    continue
-                self._scope.add(host_of(url))
+            for url in self._scoped_seeds(urls):
                 added += self._admit(url, depth) is None
         return added
 
     # -- admission ---------------------------------------------------------------------------
+    def _scoped_seeds(self, urls: Iterable[str]) -> Iterable[str]:
+        """Seed URLs normalised, their hosts put in scope; a malformed one is recorded as an error."""
+        for raw in urls:
+            try:
+                url = normalize_url(raw)
+            except BadURL as exc:
+                self._error(f"seed {exc}")
+                continue
+            self._scope.add(host_of(url))
+            yield url
+
     def _admit_seeds(self) -> None:
         with self.frontier.transaction():
-            for seed in self.seeds:
-                try:
-                    url = normalize_url(seed)
-                except BadURL as exc:
-                    self._error(f"seed {exc}")
-                    continue
-                self._scope.add(host_of(url))
+            for url in self._scoped_seeds(self.seeds):
                 kind = KIND_SITEMAP if sitemaps.looks_like_sitemap(url) else KIND_PAGE
                 self.frontier.add(url, origin_of(url), 0, kind)
         for row in self.frontier.db.execute("SELECT DISTINCT url FROM urls WHERE depth = 0"):
