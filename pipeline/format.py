@@ -30,6 +30,9 @@ CHECKSUM_ALGORITHM = "xxh3_128"
 
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 DEFAULT_ROW_GROUP_BYTES = 4 * 1024 * 1024
+# Parquet checks a page against its size limit (1 MiB) only every this many rows; at pyarrow's default
+# of 1,024 a page of web documents grows to ~10 MB, so a loader's first batch decompresses all of it.
+PAGE_CHECK_ROWS = 64
 DEFAULT_COMPRESSION = "zstd"
 
 # The columns of a deduplicated corpus; docs/FORMAT.md explains each one.
@@ -265,7 +268,7 @@ class ShardWriter:
         self._sink = _HashingSink(handle)
         dictionary_columns = [name for name in self.schema.names if name not in UNIQUE_VALUED_COLUMNS]
         self._writer = pq.ParquetWriter(self._sink, self.schema, compression=self.compression,
-                                        use_dictionary=dictionary_columns)
+                                        use_dictionary=dictionary_columns, write_batch_size=PAGE_CHECK_ROWS)
         self._shard_rows = 0
 
     def _close_shard(self) -> None:
