@@ -99,7 +99,6 @@ class StreamingLoader:
         self.pad_id = pad_id
         self.steps_per_epoch = steps_per_epoch
         self.prefetch_bytes = prefetch_bytes
-        self.io_threads_arg = io_threads
         self.io_threads = min(4, os.cpu_count() or 1) if io_threads is None else io_threads
         self.output = output
         self.storage_options = dict(storage_options or {})

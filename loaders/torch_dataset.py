@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import os
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -47,8 +46,6 @@ class StreamingDataset(IterableDataset):
             loader.num_workers = workers  # a plain DataLoader: split correctly, resume state is not tracked
         # After a resume, DataLoader asks worker 0 first; it continues the stream whose batch is next.
         loader.worker_id = ((info.id if info is not None else 0) + self.loader._batches) % loader.num_workers
-        if info is not None and self.loader.io_threads_arg is None:
-            loader.io_threads = max(1, (os.cpu_count() or 1) // workers)  # the workers are the parallelism
         if self.units and info is not None:
             pool = _SharedPool()
             for index, unit in enumerate(loader.units(UNIT_BATCHES, pool.allocate)):
@@ -192,34 +189,47 @@ class _SharedPool:
     tokens that system time was most of a worker's CPU). The main process releases a unit's buffers
     by setting their flags in a small shared tensor once nothing there refers to them; a worker that
     finds no released buffer large enough replaces one, or allocates outside the pool (it never waits).
+    Buffers are created in shared memory directly (no zero-filled copy) and generously: a page costs
+    only once written, so the small first units leave room that the large later ones reuse.
     """
 
     SLOTS = 16
+    MIN_BYTES = 32 * 1024**2
 
     def __init__(self) -> None:
         self.released = torch.ones(self.SLOTS, dtype=torch.int8).share_memory_()
-        self.buffers: list[torch.Tensor | None] = [None] * self.SLOTS
+        self.storages: list[torch.UntypedStorage | None] = [None] * self.SLOTS
         self._lent: list[int] = []
 
     def allocate(self, size: int, dtype: Any) -> torch.Tensor:
         kind = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+        nbytes = size * np.dtype(dtype).itemsize
         free = [slot for slot in range(self.SLOTS) if self.released[slot]]
-        fits = [slot for slot in free if (b := self.buffers[slot]) is not None and b.dtype == kind and b.numel() >= size]
+        held = [slot for slot in free if self.storages[slot] is not None]
+        fits = [slot for slot in held if self.storages[slot].nbytes() >= nbytes]  # type: ignore[union-attr]
         if fits:
-            slot = min(fits, key=lambda s: self.buffers[s].numel())  # type: ignore[union-attr]
+            slot = min(fits, key=lambda s: self.storages[s].nbytes())  # type: ignore[union-attr]
         elif free:
-            slot = next((s for s in free if self.buffers[s] is None), free[0])
-            self.buffers[slot] = torch.empty(size + size // 4, dtype=kind).share_memory_()  # room for the next unit
+            # Replace a released buffer that is too small before filling an empty slot: a pool that kept
+            # every small buffer would run out of slots before a large one came back.
+            slot = max(held, key=lambda s: self.storages[s].nbytes()) if held else free[0]  # type: ignore[union-attr]
+            self.storages[slot] = None  # (unmapped before the new one is mapped)
+            self.storages[slot] = torch.UntypedStorage._new_shared(max(nbytes + nbytes // 4, self.MIN_BYTES))
         else:
-            return torch.empty(size, dtype=kind).share_memory_()
+            return _typed(torch.UntypedStorage._new_shared(nbytes), kind, size)
         self.released[slot] = 0
         self._lent.append(slot)
-        return self.buffers[slot][:size]  # type: ignore[index]
+        return _typed(self.storages[slot], kind, size)  # type: ignore[arg-type]
 
     def lent(self) -> list[int]:
         """The slots handed out since the last call (the buffers of the unit about to be sent)."""
         slots, self._lent = self._lent, []
         return slots
+
+
+def _typed(storage: torch.UntypedStorage, kind: torch.dtype, size: int) -> torch.Tensor:
+    """The first ``size`` elements of a byte storage as a flat tensor of ``kind``."""
+    return torch.empty(0, dtype=kind).set_(storage, 0, (size,))
 
 
 def _buffers(unit: Unit) -> list[torch.Tensor]:

@@ -124,3 +124,19 @@ def test_pin_memory_thread_passes_units_and_their_release_flags_through() -> Non
     shipment = _Shipment(Unit(0, sizes=[1], columns={"text": buffer}), pool.released, pool.lent())
     assert pin_memory(shipment) is shipment  # the flags stay the shared tensor the worker reads
     assert shipment.slots == [0] and not pool.released[0]
+
+
+def test_shared_pool_reuses_a_released_buffer_for_a_larger_unit_of_another_type() -> None:
+    from loaders.torch_dataset import _SharedPool
+
+    pool = _SharedPool()
+    first = pool.allocate(1000, np.uint8)
+    slots = pool.lent()
+    memory = first.untyped_storage().data_ptr()
+    del first
+    pool.released[slots] = 1  # what the main process does once it let go of the unit
+    grown = pool.allocate(2_000_000, np.int32)  # units grow; packed tokens are int32
+    assert grown.untyped_storage().data_ptr() == memory and grown.is_shared()
+    assert grown.dtype == torch.int32 and grown.numel() == 2_000_000
+    lent = pool.allocate(10, np.uint8)  # the first buffer is lent again: the next unit gets its own
+    assert lent.untyped_storage().data_ptr() != memory
