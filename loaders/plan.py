@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.random  # noqa: F401  (numpy loads it on first use: 7 ms on the way to the first batch)
 
 Piece = range | np.ndarray
 
