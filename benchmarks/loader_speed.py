@@ -27,7 +27,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pipeline.progress import progress_bar
@@ -153,6 +155,37 @@ class _PyArrowRowGroups:
                 yield texts[start:start + BATCH]
 
 
+class _PyArrowAllCores(_PyArrowRowGroups):
+    """The same reading with every core decoding row groups (a few ahead) while this thread makes strings.
+
+    Not a loader (no shuffle buffer, no resume, no bound on what a row group decodes to): the ceiling
+    for any reader that decodes blocks on background threads and makes strings in one consuming thread.
+    """
+
+    def __iter__(self) -> Iterator[list[str]]:
+        import pyarrow.parquet as pq
+
+        metadata = {path: pq.ParquetFile(path).metadata for path in self.files}
+        threads = os.cpu_count() or 1
+
+        def decode(path: str, group: int) -> Any:
+            return pq.ParquetFile(path, metadata=metadata[path]).read_row_group(group, columns=["text"],
+                                                                                use_threads=False)
+
+        with ThreadPoolExecutor(threads) as pool:
+            waiting = iter(self.groups)
+            ahead = deque((g, pool.submit(decode, *g)) for g in itertools.islice(waiting, 2 * threads))
+            while ahead:
+                (_, group), done = ahead.popleft()
+                texts = done.result().column("text").to_pylist()
+                following = next(waiting, None)
+                if following is not None:
+                    ahead.append((following, pool.submit(decode, *following)))
+                random.Random(group).shuffle(texts)
+                for start in range(0, len(texts), BATCH):
+                    yield texts[start:start + BATCH]
+
+
 def _worker_info() -> Any:
     from torch.utils.data import get_worker_info
 
@@ -201,6 +234,9 @@ def make_loader(tool: str, data: str, workers: int) -> tuple[Iterable[Any], Call
             pass
 
         return DataLoader(Dataset(files, seed=0), batch_size=None, num_workers=workers), _identity
+    if tool == "pyarrow-all-cores":
+        files = sorted(glob.glob(os.path.join(data, "gristmill", "*.parquet")))
+        return _PyArrowAllCores(files, seed=0), _identity
     if tool == "mosaic":
         streaming = _import_streaming()
         from streaming.base.util import clean_stale_shared_memory
@@ -246,7 +282,7 @@ def import_tool(tool: str) -> None:
     if tool == "mosaic":
         _import_streaming()
     modules = {"gristmill": ["loaders", "loaders.torch_dataset"], "gristmill-tokens": ["loaders", "loaders.torch_dataset"],
-               "pyarrow": ["pyarrow.parquet"], "mosaic": [], "litdata-optimize": ["litdata"],
+               "pyarrow": ["pyarrow.parquet"], "pyarrow-all-cores": ["pyarrow.parquet"], "mosaic": [], "litdata-optimize": ["litdata"],
                "litdata-parquet": ["litdata", "litdata.streaming.item_loader", "polars"]}[tool]
     for module in modules:
         __import__(module)
@@ -285,14 +321,17 @@ def trial(tool: str, data: str, workers: int) -> dict[str, Any]:
 
 
 # -- the comparison ----------------------------------------------------------------------------------
-TOOLS = ["gristmill", "pyarrow", "mosaic", "litdata-optimize", "litdata-parquet", "gristmill-tokens"]
+TOOLS = ["gristmill", "pyarrow", "mosaic", "litdata-optimize", "litdata-parquet", "gristmill-tokens",
+         "pyarrow-all-cores"]
+CEILINGS = {"pyarrow-all-cores"}  # reference points, not competitors: no ratio is taken against them
 
 
 def run(data: str, repeats: int, workers: list[int], tools: list[str], out: str) -> None:
     with open(os.path.join(data, "prepare.json")) as handle:
         prepared = json.load(handle)
     results: list[dict[str, Any]] = []
-    trials = list(itertools.product(range(repeats), tools, workers))
+    trials = [(r, t, w) for r, t, w in itertools.product(range(repeats), tools, workers)
+              if not (t in CEILINGS and w)]  # with workers, all cores already decode
     with progress_bar(total=len(trials), unit="trial", desc="loader benchmark") as bar:
         for repeat, tool, count in trials:
             bar.set_postfix_str(f"{tool}, {count} workers")
@@ -331,10 +370,11 @@ def table(prepared: dict[str, Any], results: list[dict[str, Any]]) -> str:
             "runs": len(runs),
         }
     for (tool, workers), s in summary.items():
-        others = [v["mbps"] for (t, w), v in summary.items() if w == workers and not t.startswith("gristmill")]
+        others = [v["mbps"] for (t, w), v in summary.items()
+                  if w == workers and not t.startswith("gristmill") and t not in CEILINGS]
         ratio = f"{s['mbps'] / max(others):.2f}×" if others and tool.startswith("gristmill") else ""
         conversion = conversions.get("gristmill" if tool.startswith("gristmill") else tool)
-        unit = " (packed tokens, M tok/s)" if tool == "gristmill-tokens" else ""
+        unit = {"gristmill-tokens": " (packed tokens, M tok/s)", "pyarrow-all-cores": " (ceiling, not a loader)"}.get(tool, "")
         converted = f"{conversion:.1f}" if conversion is not None else "–"
         rows.append(f"| {tool}{unit} | {workers} | {s['mbps']:.0f} | {ratio} | {s['cpu']:.4f} | {s['first']:.3f} | "
                     f"{s['peak']:.0f} | {converted} | {s['runs']} |")
