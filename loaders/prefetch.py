@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.ma  # noqa: F401  (np.unique imports it on its first call: 12 ms on the way to the first batch)
 
 from loaders.blocks import BlockSource, Counters
 from loaders.plan import EpochOrder, StreamSpec
