@@ -189,8 +189,9 @@ class _SharedPool:
     tokens that system time was most of a worker's CPU). The main process releases a unit's buffers
     by setting their flags in a small shared tensor once nothing there refers to them; a worker that
     finds no released buffer large enough replaces one, or allocates outside the pool (it never waits).
-    Buffers are created in shared memory directly (no zero-filled copy) and generously: a page costs
-    only once written, so the small first units leave room that the large later ones reuse.
+    Buffers are created in shared memory directly (``share_memory_()`` would first fill a private
+    buffer and then copy it over, faulting every page twice) and with room to spare, so the buffers of
+    the small first units are large enough for the later ones.
     """
 
     SLOTS = 16
