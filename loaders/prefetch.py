@@ -99,14 +99,9 @@ class Prefetcher:
 
     def _schedule(self) -> None:
         try:
-            first = self.spec.window_of(self.start_row) if len(self.spec.positions) else 0
-            count = len(self.spec.bounds) - 1
             pending = None  # the previous window, published once this one holds its shared blocks
-            for relative, index in enumerate(range(first, count)):
-                positions = self.spec.window(index)
-                if index == first:
-                    positions = positions[self.start_row - int(self.spec.bounds[index]):]
-                blocks, rows = self.order.locate(positions)
+            windows = stream_windows(self.order, self.spec, self.start_row)
+            for relative, (index, positions, blocks, rows) in enumerate(windows):
                 needed = [(int(b), int(b)) for b in np.unique(blocks)]  # (key in _live, block)
                 head_rows = None
                 if relative == 0 and len(needed) == 1:
@@ -205,6 +200,19 @@ class Prefetcher:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+def stream_windows(order: EpochOrder, spec: StreamSpec,
+                   start_row: int) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """(index, positions, blocks, rows) of each window of a stream from ``start_row`` on; the first
+    window starts part-way through when ``start_row`` falls inside it (a resume)."""
+    first = spec.window_of(start_row) if len(spec.positions) else 0
+    for index in range(first, len(spec.bounds) - 1):
+        positions = spec.window(index)
+        if index == first:
+            positions = positions[start_row - int(spec.bounds[index]):]
+        blocks, rows = order.locate(positions)
+        yield index, positions, blocks, rows
+
+
 def read_inline(source: BlockSource, order: EpochOrder, spec: StreamSpec, start_row: int,
                 prepare: Callable[[Any], tuple[Any, int]]) -> Iterator[Window]:
     """The windows of one stream read in the calling thread, with no read-ahead and no thread at all.
@@ -212,15 +220,10 @@ def read_inline(source: BlockSource, order: EpochOrder, spec: StreamSpec, start_
     For a process about to fork (a thread running at the fork could leave a lock held in the child).
     The first window decodes only the pages holding its rows, as the prefetcher's does.
     """
-    first = spec.window_of(start_row) if len(spec.positions) else 0
-    for index in range(first, len(spec.bounds) - 1):
-        positions = spec.window(index)
-        if index == first:
-            positions = positions[start_row - int(spec.bounds[index]):]
-        blocks, rows = order.locate(positions)
+    for relative, (index, positions, blocks, rows) in enumerate(stream_windows(order, spec, start_row)):
         window = Window(index, positions, blocks, rows)
         for block in np.unique(blocks).tolist():
-            head = int(rows[blocks == block].max()) + 1 if index == first else None
+            head = int(rows[blocks == block].max()) + 1 if relative == 0 else None
             window.data[block] = prepare(source.decode(block, source.fetch(block), head))[0]
         yield window
         window.data.clear()  # before the next window's blocks are decoded, so their memory is reused
