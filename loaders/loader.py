@@ -308,24 +308,8 @@ class StreamingLoader:
         assert window is not None
         blocks, rows = window.blocks[unit.begin:end], window.rows[unit.begin:end]
         for name in self.columns:
-            views = {b: window.data[b].utf8(name) for b in np.unique(blocks).tolist()}
-            if any(v is None for v in views.values()):
-                unit.columns[name] = _python_batch(window, blocks, rows, [name])[name]
-                continue
-            starts, ends = np.empty(len(rows), np.int64), np.empty(len(rows), np.int64)
-            for block, (offsets, _) in views.items():  # type: ignore[misc]
-                where = blocks == block
-                starts[where], ends[where] = offsets[rows[where]], offsets[rows[where] + 1]
-            bounds = np.zeros(len(rows) + 1, dtype=np.int64)
-            np.cumsum(ends - starts, out=bounds[1:])
-            head = bounds.nbytes
-            buffer = allocate(head + int(bounds[-1]), np.uint8)  # one buffer: each one crosses separately
-            flat = np.asarray(buffer)
-            flat[:head] = bounds.view(np.uint8)
-            target = memoryview(flat[head:])
-            for block, at, begin, stop in zip(blocks.tolist(), bounds.tolist(), starts.tolist(), ends.tolist()):
-                target[at:at + stop - begin] = views[block][1][begin:stop]  # type: ignore[index]
-            unit.columns[name] = buffer
+            buffer = _gather_utf8(window, blocks, rows, name, allocate)  # one buffer: each one crosses separately
+            unit.columns[name] = buffer if buffer is not None else _python_batch(window, blocks, rows, [name])[name]
         unit.window = None
         return unit
 
@@ -517,23 +501,39 @@ def _python_batch(window: Window, blocks: np.ndarray, rows: np.ndarray, columns:
 
 
 def _utf8_batch(window: Window, blocks: np.ndarray, rows: np.ndarray, columns: list[str]) -> dict[str, Any]:
-    """Text columns as one UTF-8 byte string plus int64 offsets each: one copy, cheap to pickle."""
-    data = window.data
-    pairs = list(zip(blocks.tolist(), rows.tolist()))
+    """Text columns as one UTF-8 byte string plus int64 offsets each: cheap to pickle."""
     out: dict[str, Any] = {}
     for column in columns:
-        views = [data[b].utf8(column) for b in {b for b, _ in pairs}]
-        if any(v is None for v in views):
-            out[column] = [data[b].column(column)[r] for b, r in pairs]
+        buffer = _gather_utf8(window, blocks, rows, column, np.empty)
+        if buffer is None:
+            out[column] = _python_batch(window, blocks, rows, [column])[column]
             continue
-        parts, offsets = [], np.zeros(len(pairs) + 1, dtype=np.int64)
-        for index, (b, r) in enumerate(pairs):
-            starts, buffer = data[b].utf8(column)  # type: ignore[misc]
-            begin, end = int(starts[r]), int(starts[r + 1])
-            parts.append(buffer[begin:end])
-            offsets[index + 1] = offsets[index] + end - begin
-        out[column] = {"offsets": offsets.tobytes(), "utf8": b"".join(parts)}
+        head = 8 * (len(rows) + 1)
+        out[column] = {"offsets": buffer[:head].tobytes(), "utf8": buffer[head:].tobytes()}
     return out
+
+
+def _gather_utf8(window: Window, blocks: np.ndarray, rows: np.ndarray, name: str,
+                 allocate: Callable[[int, Any], Any]) -> Any:
+    """The rows' values of a string column in one flat uint8 buffer made by ``allocate(size, dtype)``:
+    ``rows + 1`` int64 offsets, then the UTF-8 bytes. None when some block's column is not plain strings."""
+    views = {b: window.data[b].utf8(name) for b in np.unique(blocks).tolist()}
+    if any(v is None for v in views.values()):
+        return None
+    starts, ends = np.empty(len(rows), np.int64), np.empty(len(rows), np.int64)
+    for block, (offsets, _) in views.items():  # type: ignore[misc]
+        where = blocks == block
+        starts[where], ends[where] = offsets[rows[where]], offsets[rows[where] + 1]
+    bounds = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(ends - starts, out=bounds[1:])
+    head = bounds.nbytes
+    buffer = allocate(head + int(bounds[-1]), np.uint8)
+    flat = np.asarray(buffer)
+    flat[:head] = bounds.view(np.uint8)
+    target = memoryview(flat[head:])
+    for block, at, begin, stop in zip(blocks.tolist(), bounds.tolist(), starts.tolist(), ends.tolist()):
+        target[at:at + stop - begin] = views[block][1][begin:stop]  # type: ignore[index]
+    return buffer
 
 
 def _arrow_batch(window: Window, blocks: np.ndarray, rows: np.ndarray) -> pa.Table:
