@@ -692,7 +692,9 @@ def _write_split_now(job: _Job, split_index: int) -> dict[str, Any]:
 
     writer = shard_writer(config.output, CORPUS_SCHEMA)
     removed_writer = shard_writer(config.removed, REMOVED_SCHEMA) if config.removed else None
-    removed_as = np.array(["kept", "exact_duplicate", "near_duplicate"])[status]
+    from dedup.core import STATUSES
+
+    removed_as = np.array(STATUSES)[status]
     text_bytes = np.zeros(n, np.int64)
     start = 0
     # the text one row group (one read batch) at a time: a task never holds the split's texts
@@ -739,9 +741,10 @@ def _write_index(job: _Job, split_index: int, kept_keys: np.ndarray) -> None:
 def _split_stats(job: _Job, split_index: int, docs: pa.Table, status: np.ndarray,
                  cluster_size: np.ndarray, lengths: np.ndarray) -> dict[str, Any]:
     """Counts, bytes and breakdowns of one split (``lengths``: UTF-8 bytes per document); the driver adds them up."""
+    from dedup.core import STATUSES
+
     rejects = job.work.read_table(f"rejects/s={split_index:05d}.parquet")
-    names = ("kept", "exact_duplicate", "near_duplicate")
-    stats: dict[str, Any] = {name: int(np.count_nonzero(status == i)) for i, name in enumerate(names)}
+    stats: dict[str, Any] = {name: int(np.count_nonzero(status == i)) for i, name in enumerate(STATUSES)}
     stats["bytes_in"] = int(lengths.sum())
     stats["bytes_kept"] = int(lengths[status == 0].sum())
     rejected: Counter[str] = Counter()
@@ -751,14 +754,14 @@ def _split_stats(job: _Job, split_index: int, docs: pa.Table, status: np.ndarray
     stats["rejected_bytes"] = int(pc.sum(rejects["bytes"]).as_py() or 0)
     breakdowns: dict[str, dict[str, dict[str, int]]] = {}
     for column in ("origin", "domain", "language"):
-        table: dict[str, dict[str, int]] = defaultdict(lambda: {"input": 0, **{n: 0 for n in names}, "rejected": 0})
+        table: dict[str, dict[str, int]] = defaultdict(lambda: {"input": 0, **{n: 0 for n in STATUSES}, "rejected": 0})
         for value, st in zip(docs[column].to_pylist(), status.tolist(), strict=True):
             entry = table[value or "unknown"]
             entry["input"] += 1
-            entry[names[st]] += 1
+            entry[STATUSES[st]] += 1
         breakdowns[column] = dict(table)
     for origin, count in zip(rejects["origin"].to_pylist(), rejects["count"].to_pylist(), strict=True):
-        entry = breakdowns["origin"].setdefault(origin, {"input": 0, **{n: 0 for n in names}, "rejected": 0})
+        entry = breakdowns["origin"].setdefault(origin, {"input": 0, **{n: 0 for n in STATUSES}, "rejected": 0})
         entry["input"] += count
         entry["rejected"] += count
     stats["by"] = breakdowns
