@@ -456,7 +456,7 @@ def _sign_split(job: _Job, split_index: int) -> dict[str, Any]:
         sigs = pa.table({
             "key": docs["key"], "id": docs["id"], "content_hash": docs["content_hash"], "length": docs["length"],
             "copies": pa.array(copies), "existing": pa.array(np.zeros(docs.num_rows, bool)),
-            "signature": _fixed_list(matrix), "bands": _fixed_list(bands),
+            "signature": signatures, "bands": _fixed_list(bands),  # (the column as read, not rebuilt from matrix)
         }, schema=_sig_schema(job.params.num_perm, job.params.bands))
         job.work.write_table(f"sigs/s={split_index:05d}.parquet", sigs)
         _shuffle_bands(job, split_index, sigs["key"].to_numpy(), bands)
