@@ -59,34 +59,15 @@ class Request:
     not_before: float = 0.0
 
 
-class Frontier:
-    """SQLite-backed queue and seen set; all writes happen inside :meth:`transaction`."""
+class _Store:
+    """One connection to the crawl's SQLite state file, and its durable transactions."""
 
-    def __init__(self, path: str, synchronous: str = "NORMAL", cache_mib: int = 16) -> None:
-        self.path = path
-        # The timeout covers a commit thread's short transaction on its own connection (ResultLog).
+    def __init__(self, path: str, synchronous: str = "NORMAL") -> None:
+        # The timeout covers the other connection's short transaction: Frontier and ResultLog take turns.
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60.0)
-        self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={synchronous}")
-        self.db.execute(f"PRAGMA cache_size=-{int(cache_mib) * 1024}")
-        self.db.execute("PRAGMA temp_store=MEMORY")
-        self.db.executescript(_SCHEMA)
-        self._hosts: dict[str, int] = {}
-        self._admitted: dict[int, int] = {}
-        self._origins: dict[int, str] = {}
-        self._parked: dict[int, str] = {}
-        for host_id, origin, parked in self.db.execute("SELECT id, origin, parked FROM hosts"):
-            self._hosts[origin] = host_id
-            self._origins[host_id] = origin
-            self._admitted[host_id] = 0
-            if parked is not None:
-                self._parked[host_id] = parked
-        for host_id, admitted in self.db.execute("SELECT host, COUNT(*) FROM urls GROUP BY host"):
-            self._admitted[host_id] = admitted
         self._in_transaction = False
-        self._recent: set[str] = set()  # URLs known to be in the table: repeated links skip SQLite
 
-    # -- transactions --------------------------------------------------------------------------
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """One durable transition; nested uses join the outer transaction."""
@@ -104,6 +85,35 @@ class Frontier:
             self.db.execute("COMMIT")
         finally:
             self._in_transaction = False
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class Frontier(_Store):
+    """SQLite-backed queue and seen set; all writes happen inside :meth:`transaction`."""
+
+    def __init__(self, path: str, synchronous: str = "NORMAL", cache_mib: int = 16) -> None:
+        self.path = path
+        super().__init__(path, synchronous)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute(f"PRAGMA cache_size=-{int(cache_mib) * 1024}")
+        self.db.execute("PRAGMA temp_store=MEMORY")
+        self.db.executescript(_SCHEMA)
+        self._hosts: dict[str, int] = {}
+        self._admitted: dict[int, int] = {}
+        self._origins: dict[int, str] = {}
+        self._parked: dict[int, str] = {}
+        for host_id, origin, parked in self.db.execute("SELECT id, origin, parked FROM hosts"):
+            self._hosts[origin] = host_id
+            self._origins[host_id] = origin
+            self._admitted[host_id] = 0
+            if parked is not None:
+                self._parked[host_id] = parked
+        for host_id, admitted in self.db.execute("SELECT host, COUNT(*) FROM urls GROUP BY host"):
+            self._admitted[host_id] = admitted
+        self._recent: set[str] = set()  # URLs known to be in the table: repeated links skip SQLite
+
 
     # -- hosts ---------------------------------------------------------------------------------
     def host_id(self, origin: str) -> int:
@@ -208,12 +218,8 @@ class Frontier:
     def documents(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM urls WHERE outcome = 'ok'").fetchone()[0]
 
-    def close(self) -> None:
-        self.db.close()
 
-
-
-class ResultLog:
+class ResultLog(_Store):
     """Result rows waiting for a shard, and the shards written so far, over a connection of their own.
 
     Why a second connection: a commit (read the waiting rows, write a shard, record it) runs in a
@@ -221,10 +227,6 @@ class ResultLog:
     take turns on the database lock, each for a short transaction; WAL lets reads go on meanwhile.
     Open it after :class:`Frontier`, which creates the schema and sets WAL mode.
     """
-
-    def __init__(self, path: str, synchronous: str = "NORMAL") -> None:
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60.0)
-        self.db.execute(f"PRAGMA synchronous={synchronous}")
 
     def unsharded(self, limit: int) -> list[tuple[int, dict[str, Any], bytes | None]]:
         rows = self.db.execute(
@@ -238,22 +240,14 @@ class ResultLog:
     def record_shards(self, infos: list[dict[str, Any]], rowids: Iterable[int], warc: str | None) -> None:
         """Record written shards and drop the result rows they now hold. The manifest comes next; a
         restart rewrites it from this table, so a crash in between loses nothing."""
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
+        with self.transaction():
             self.db.executemany("DELETE FROM results WHERE url_rowid = ?", ((rowid,) for rowid in rowids))
             self.db.executemany("INSERT INTO shards(name, info, warc) VALUES (?, ?, ?)",
                                 ((info["path"], json.dumps(info), warc) for info in infos))
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        self.db.execute("COMMIT")
 
     def shards(self) -> list[tuple[str, dict[str, Any], str | None]]:
         rows = self.db.execute("SELECT name, info, warc FROM shards ORDER BY rowid")
         return [(name, json.loads(info), warc) for name, info, warc in rows]
-
-    def close(self) -> None:
-        self.db.close()
 
 
 def now_ms() -> int:
