@@ -42,7 +42,6 @@ _SPACE = np.uint8(0x20)
 _ZERO_DIGIT = np.uint8(0x30)
 
 
-
 @njit(cache=True, inline="always")
 def _fmix64(h):
     """MurmurHash3's 64-bit finaliser: a bijective avalanche mix."""
