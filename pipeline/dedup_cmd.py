@@ -83,7 +83,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.dedup_job import STAGES, DedupError, run_dedup
+    from pipeline.dedup_job import DedupError, job_stages, run_dedup
     from pipeline.format import CorpusError
     from pipeline.inputs import InputError
     from pipeline.progress import stage_bar
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             import ray
 
             ray.init(address=args.ray_address)
-        bar, on_stage = stage_bar(STAGES if config.verify else tuple(s for s in STAGES if s != "verify"), "dedup")
+        bar, on_stage = stage_bar(job_stages(config), "dedup")
         with bar:
             stats = run_dedup(config, on_stage=on_stage)
     except (DedupError, InputError, CorpusError, OSError, ValueError) as exc:

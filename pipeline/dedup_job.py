@@ -840,10 +840,15 @@ def _map_splits(function: Callable[[_Job, int], dict[str, Any]], job: _Job, indi
     return _make_runner(ray)(function, [(job, i) for i in indices]) if indices else []
 
 
+def job_stages(config: DedupConfig) -> tuple[str, ...]:
+    """The stages ``run_dedup`` runs for ``config``, in order (``verify`` only when verifying)."""
+    return STAGES if config.verify else tuple(stage for stage in STAGES if stage != "verify")
+
+
 def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the whole job (initialising local Ray if nothing is connected); returns the manifest stats.
 
-    ``on_stage(name)`` is called as each stage of ``STAGES`` finishes or is found finished (resume),
+    ``on_stage(name)`` is called as each stage of ``job_stages(config)`` finishes or is found finished (resume),
     for progress bars.
     """
     import ray

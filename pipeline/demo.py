@@ -71,13 +71,13 @@ def deduplicate(raw: Path, corpus: Path, removed: Path) -> dict[str, Any]:
     """Run the dedup job on a local two-CPU Ray; returns the statistics it stored in the manifest."""
     import ray
 
-    from pipeline.dedup_job import STAGES, DedupConfig, run_dedup
+    from pipeline.dedup_job import DedupConfig, job_stages, run_dedup
 
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     config = DedupConfig(inputs=[str(raw)], output=str(corpus), removed=str(removed), num_partitions=2,
                          row_group_bytes=16 * 1024, shard_bytes=256 * 1024)
-    bar, on_stage = stage_bar(STAGES, "dedup")
+    bar, on_stage = stage_bar(job_stages(config), "dedup")
     with bar:
         return run_dedup(config, on_stage=on_stage)
 

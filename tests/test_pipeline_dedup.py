@@ -15,7 +15,7 @@ from test_pipeline_data import MAX_DOC_BYTES, documents, mixed_input, near_copy,
 
 from dedup import deduplicate
 from pipeline.cli import main
-from pipeline.dedup_job import STAGES, DedupConfig, DedupError, run_dedup
+from pipeline.dedup_job import STAGES, DedupConfig, DedupError, job_stages, run_dedup
 from pipeline.format import Corpus
 
 pytestmark = pytest.mark.timeout(240)
@@ -102,8 +102,11 @@ def test_without_verification_every_candidate_pair_links_as_in_the_unverified_or
         ray_local: None, mixed: tuple[Path, dict], tmp_path: Path) -> None:
     root, _ = mixed
     out, removed = str(tmp_path / "corpus"), str(tmp_path / "removed")
-    stats = run_dedup(DedupConfig(inputs=[str(root)], output=out, removed=removed, max_doc_bytes=MAX_DOC_BYTES,
-                                  split_bytes=40_000, num_partitions=3, verify=False))
+    config = DedupConfig(inputs=[str(root)], output=out, removed=removed, max_doc_bytes=MAX_DOC_BYTES,
+                         split_bytes=40_000, num_partitions=3, verify=False)
+    finished: list[str] = []  # what a progress bar is told
+    stats = run_dedup(config, on_stage=finished.append)
+    assert finished == list(job_stages(config)) == [s for s in STAGES if s != "verify"]
     kept, gone = _rows(out), _rows(removed)
     assert {r["id"] for r in kept} == _oracle_kept(kept + gone, verify=False)
     assert not stats["params"]["verify"] and (stats["params"]["bands"], stats["params"]["rows"]) == (9, 13)
