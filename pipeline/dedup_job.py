@@ -42,11 +42,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import components
-from pipeline.format import CORPUS_SCHEMA, Corpus, CorpusError, ShardInfo, ShardWriter, write_manifest
+from pipeline.folders import JOB_FINGERPRINT_KEY, FolderError, check_disjoint, claim
+from pipeline.format import (
+    CORPUS_SCHEMA,
+    Corpus,
+    CorpusError,
+    ShardInfo,
+    ShardWriter,
+    open_fs,
+    remove_unlisted,
+    write_manifest,
+)
 from pipeline.inputs import (
     KEY_BITS,
     REJECT_KINDS,
     Doc,
+    InputFile,
     ReadOptions,
     Reject,
     Split,
@@ -145,6 +156,7 @@ class DedupConfig:
     shard_bytes: int = 256 * 1024 * 1024
     row_group_bytes: int = 4 * 1024 * 1024
     keep_work: bool = False
+    overwrite: bool = False  # replace a committed corpus another job wrote in output/removed
     storage_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -685,13 +697,14 @@ def _write_split_now(job: _Job, split_index: int) -> dict[str, Any]:
 
     kept_mask = status == 0
 
-    def shard_writer(url: str, schema: pa.Schema) -> ShardWriter:
+    def shard_writer(url: str, schema: pa.Schema, prefix: str) -> ShardWriter:
+        # kept and removed shards never share a name, even if both folders were one
         return ShardWriter(url, schema, shard_bytes=config.shard_bytes, row_group_bytes=config.row_group_bytes,
-                           name_prefix=f"part-{split_index:05d}", run_id=job.fingerprint[:12],
+                           name_prefix=f"{prefix}-{split_index:05d}", run_id=job.fingerprint[:12],
                            storage_options=config.storage_options)
 
-    writer = shard_writer(config.output, CORPUS_SCHEMA)
-    removed_writer = shard_writer(config.removed, REMOVED_SCHEMA) if config.removed else None
+    writer = shard_writer(config.output, CORPUS_SCHEMA, "part")
+    removed_writer = shard_writer(config.removed, REMOVED_SCHEMA, "removed") if config.removed else None
     from dedup.core import STATUSES
 
     removed_as = np.array(STATUSES)[status]
@@ -800,9 +813,9 @@ def _against(config: DedupConfig, params: _Params) -> list[str]:
     except CorpusError as exc:
         raise DedupError(f"--against: {exc}") from None
     index = corpus.manifest.extra.get("signature_index")
-    if not index:
+    if not isinstance(index, Mapping) or not isinstance(index.get("params"), Mapping):
         raise DedupError(f"--against {config.against}: the corpus has no signature index (not built by gristmill dedup)")
-    theirs = index.get("params", {})
+    theirs = index["params"]
     ours = dataclasses.asdict(params)
     for name in ("num_perm", "ngram", "bands", "rows", "seed"):
         if theirs.get(name) != ours[name]:
@@ -814,8 +827,15 @@ def _against(config: DedupConfig, params: _Params) -> list[str]:
                         f"{'' if theirs.get('verify') else ', or --no-verify'})")
             raise DedupError(f"--against {config.against}: its index was built with {name}={theirs.get(name)}, "
                              f"this job uses {name}={ours[name]}; use the same settings{hint}")
-    root = config.against.rstrip("/")
-    return [posixpath.join(root, name) if "://" not in root else f"{root}/{name}" for name in index["files"]]
+    files = index.get("files")
+    if not isinstance(files, list):
+        raise DedupError(f"--against {config.against}: its manifest's signature index lists no files")
+    try:
+        paths = [corpus.member_path(name, "signature index file") for name in files]
+    except CorpusError as exc:
+        raise DedupError(f"--against: {exc}") from None
+    protocol = config.against.split("://", 1)[0] + "://" if "://" in config.against else ""
+    return [path if not protocol or path.startswith(protocol) else protocol + path for path in paths]
 
 
 def _make_runner(ray: Any) -> Callable[..., list[Any]]:
@@ -865,6 +885,13 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     input_bytes = sum(s.bytes for s in splits)
     partitions = config.num_partitions or max(2, min(64, -(-input_bytes // PARTITION_INPUT_BYTES) + len(index_files)))
     fingerprint = _fingerprint(config, params, splits, index_files)  # names the output files
+    finished = _claim_folders(config, files, fingerprint)
+    if finished is not None:  # this very job committed already: re-running it is an idempotent resume
+        _remove_stale(config, finished)
+        if on_stage is not None:
+            for name in job_stages(config):
+                on_stage(name)
+        return finished.stats
     work = WorkDir(posixpath.join(config.output.rstrip("/"), WORK_FOLDER), config.storage_options)
     previous = work.read_json("job.json")
     identity = {"fingerprint": fingerprint, "partitions": partitions}  # the shuffles depend on both
@@ -925,17 +952,61 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     shards = [ShardInfo.from_dict(s) for record in written for s in record["shards"]]
     index_names = [f"{INDEX_FOLDER}/index-{i:05d}-{fingerprint[:12]}.parquet" for i in job.split_indices]
     extra = {"signature_index": {"files": index_names, "params": dataclasses.asdict(params)},
-             "rejects": f"{REJECTS_FOLDER}/rejects-{fingerprint[:12]}.parquet", "job": _job_summary(config)}
+             "rejects": f"{REJECTS_FOLDER}/rejects-{fingerprint[:12]}.parquet", "job": _job_summary(config),
+             JOB_FINGERPRINT_KEY: fingerprint}
     _collect_rejects(job, extra["rejects"])
     if config.removed:
         removed_shards = [ShardInfo.from_dict(s) for record in written for s in record["removed_shards"]]
         write_manifest(config.removed, removed_shards, REMOVED_SCHEMA, stats=stats,
-                       extra={"removed_from": config.output}, storage_options=config.storage_options)
-    write_manifest(config.output, shards, CORPUS_SCHEMA, stats=stats, extra=extra,
-                   storage_options=config.storage_options)
+                       extra={"removed_from": config.output, JOB_FINGERPRINT_KEY: fingerprint},
+                       storage_options=config.storage_options)
+    committed = write_manifest(config.output, shards, CORPUS_SCHEMA, stats=stats, extra=extra,
+                               storage_options=config.storage_options)
+    _remove_stale(config, Corpus(config.output, committed, *open_fs(config.output, config.storage_options)))
     if not config.keep_work:
         work.remove("")
     return stats
+
+
+def _claim_folders(config: DedupConfig, files: list[InputFile], fingerprint: str) -> Corpus | None:
+    """Check the folders before any work (``pipeline.folders``); the committed corpus if this job finished."""
+    outputs = {"-o": config.output, "--removed": config.removed, "--against": config.against}
+    # a folder INPUT is walked (and a ** glob's fixed prefix is): nothing may be written inside it
+    inputs = [(spec, _walked_folder(spec)) for spec in config.inputs]
+    inputs = [(spec, folder) for spec, folder in inputs if folder and _is_folder(folder, config)]
+    inputs += [(f.origin, f.url) for f in files]
+    try:
+        check_disjoint(outputs, inputs, config.storage_options)
+        finished = claim(config.output, fingerprint, config.overwrite, "-o", config.storage_options)
+        if config.removed:
+            claim(config.removed, fingerprint, config.overwrite, "--removed", config.storage_options)
+    except FolderError as exc:
+        raise DedupError(str(exc)) from None
+    return finished
+
+
+def _walked_folder(spec: str) -> str | None:
+    """The folder an INPUT makes the job search: itself, or the part of a ``**`` glob before the pattern."""
+    if not any(ch in spec for ch in "*?["):
+        return spec
+    if "**" not in spec:
+        return None
+    return spec[: min(spec.index(ch) for ch in "*?[" if ch in spec)].rsplit("/", 1)[0] or "."
+
+
+def _is_folder(url: str, config: DedupConfig) -> bool:
+    fs, root = open_fs(url, config.storage_options)
+    return fs.isdir(root)
+
+
+def _remove_stale(config: DedupConfig, corpus: Corpus) -> None:
+    """After the commit: files of ours that the new manifests do not list (an earlier job's) go."""
+    removed = remove_unlisted(config.output, corpus.manifest, config.storage_options)
+    if config.removed:
+        removed_corpus = Corpus.open(config.removed, config.storage_options)
+        removed += remove_unlisted(config.removed, removed_corpus.manifest, config.storage_options)
+    if removed:
+        log.info("removed %d files no manifest lists (an earlier job's)", len(removed))
 
 
 def _collect_rejects(job: _Job, name: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
+import fnmatch
 import json
 import os
 import posixpath
@@ -99,6 +100,36 @@ class ShardInfo:
             footer_offset=int(data["footer_offset"]),
             footer_length=int(data["footer_length"]),
         )
+
+
+def member_path(root: str, relative: Any, where: str, what: str) -> str:
+    """``root/relative`` for a path a manifest names, after checking it cannot leave the corpus folder.
+
+    A manifest is untrusted input: a shard or index path of ``../x``, ``/etc/x`` or ``s3://other/x``
+    would make every reader follow it. The rule, one for every entry: a non-empty relative POSIX path,
+    already normalised (no ``.``, ``..`` or empty parts), with no scheme, drive, backslash or control
+    character. ``where`` names the manifest and ``what`` the entry in the error.
+    """
+    reason = _unsafe_member(relative)
+    if reason:
+        raise CorpusError(f"{where}: {what} {relative!r} {reason}; a manifest may only name files inside its corpus folder")
+    return posixpath.join(root, relative)
+
+
+def _unsafe_member(relative: Any) -> str | None:
+    """Why ``relative`` may not be used as a path inside a corpus folder, or None when it may."""
+    if not isinstance(relative, str) or not relative:
+        return "is not a non-empty string"
+    if any(ord(ch) < 32 or ch in "\\:" or ord(ch) == 127 for ch in relative):
+        return "holds a control character, a backslash or a colon (a scheme or drive)"
+    if relative.startswith("/"):
+        return "is absolute"
+    parts = relative.split("/")
+    if ".." in parts:
+        return "climbs out of its folder (..)"
+    if any(part in ("", ".") for part in parts):
+        return "is not a normalised relative path"
+    return None
 
 
 def open_fs(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -374,8 +405,12 @@ class Manifest:
         try:
             schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"]["arrow"])))
             shards = [ShardInfo.from_dict(s) for s in data["shards"]]
-        except (KeyError, TypeError, ValueError, pa.ArrowInvalid) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, pa.ArrowInvalid) as exc:
             raise CorpusError(f"{where}: manifest is malformed ({type(exc).__name__}: {exc})") from None
+        _check_shards(shards, where)
+        for key in ("stats", "extra"):
+            if not isinstance(data.get(key) or {}, dict):
+                raise CorpusError(f"{where}: manifest is malformed ({key!r} is not an object)")
         return cls(
             shards=shards,
             schema=schema,
@@ -384,6 +419,22 @@ class Manifest:
             created=str(data.get("created", "")),
             format_version=version,
         )
+
+
+def _check_shards(shards: list[ShardInfo], where: str) -> None:
+    """Refuse shard entries a reader could be misled by: paths leaving the folder, impossible numbers."""
+    seen: set[str] = set()
+    for shard in shards:
+        member_path("", shard.path, where, "shard path")
+        if shard.path in seen:
+            raise CorpusError(f"{where}: shard {shard.path!r} is listed twice")
+        seen.add(shard.path)
+        numbers = [shard.rows, shard.bytes, shard.footer_offset, shard.footer_length]
+        numbers += [n for g in shard.row_groups for n in (g.rows, g.offset, g.length)]
+        if min(numbers, default=0) < 0 or sum(g.rows for g in shard.row_groups) != shard.rows or any(
+                g.offset + g.length > shard.bytes for g in shard.row_groups):
+            raise CorpusError(f"{where}: shard {shard.path!r} has inconsistent sizes (negative numbers, row groups "
+                              "that do not add up to its rows, or byte ranges past its end)")
 
 
 def write_manifest(
@@ -422,9 +473,52 @@ def write_manifest(
     return manifest
 
 
+def _manifest_location(url: str, fs: fsspec.AbstractFileSystem, root: str) -> str:
+    """How errors name a corpus's manifest: the local path, or the URL as the user gave it."""
+    return posixpath.join(root, MANIFEST_NAME) if _is_local(fs) else f"{url.rstrip('/')}/{MANIFEST_NAME}"
+
+
 def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     return protocol in ("file", "local")
+
+
+# Files a gristmill writer puts in a corpus folder (fnmatch patterns, relative to the folder): what a
+# job may treat as its own when it checks a folder before writing and cleans up after committing.
+OWNED_PATTERNS = ("manifest.json", "manifest.json.tmp-*", "*.parquet.tmp-*", "part-*.parquet", "removed-*.parquet",
+                  "_index/index-*.parquet", "_index/*.tmp-*", "_rejects/rejects-*.parquet", "_rejects/*.tmp-*",
+                  "_work/*")
+
+
+def is_owned_file(relative: str) -> bool:
+    """True for a path (relative to a corpus folder) of a kind gristmill writers create there."""
+    return any(fnmatch.fnmatchcase(relative, pattern) for pattern in OWNED_PATTERNS)
+
+
+def remove_unlisted(url: str, manifest: Manifest, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """After ``manifest`` committed at ``url``: delete the files of ours it does not list (an earlier
+    job's shards, index and rejects files, temporary names left by a crash). ``_work`` and anything
+    not of ours are left alone. Returns the relative paths removed."""
+    fs, root = open_fs(url, storage_options)
+    listed = {shard.path for shard in manifest.shards} | set(manifest_extra_files(manifest))
+    stale = []
+    for path in fs.find(root):
+        relative = posixpath.relpath(path, root)
+        if relative != MANIFEST_NAME and not relative.startswith("_work/") and is_owned_file(relative) \
+                and relative not in listed:
+            stale.append(relative)
+    for relative in stale:
+        fs.rm_file(posixpath.join(root, relative))
+    return stale
+
+
+def manifest_extra_files(manifest: Manifest) -> list[str]:
+    """The files besides shards that a manifest's ``extra`` names (signature index, rejects)."""
+    index = manifest.extra.get("signature_index")
+    files = list(index.get("files") or []) if isinstance(index, Mapping) else []
+    if isinstance(manifest.extra.get("rejects"), str):
+        files.append(manifest.extra["rejects"])
+    return [name for name in files if isinstance(name, str)]
 
 
 # -- reader ------------------------------------------------------------------------------------
@@ -447,14 +541,40 @@ class Corpus:
     @classmethod
     def open(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> Corpus:
         fs, root = open_fs(url, storage_options)
-        where = posixpath.join(root, MANIFEST_NAME) if _is_local(fs) else f"{url.rstrip('/')}/{MANIFEST_NAME}"
+        where = _manifest_location(url, fs, root)
         try:
             text = fs.cat_file(posixpath.join(root, MANIFEST_NAME)).decode("utf-8")
         except FileNotFoundError:
             raise CorpusError(f"{where}: no manifest; not a corpus, or its writer never committed") from None
         except UnicodeDecodeError:
             raise CorpusError(f"{where}: manifest is not UTF-8 text") from None
-        return cls(url, Manifest.from_json(text, where), fs, root)
+        corpus = cls(url, Manifest.from_json(text, where), fs, root)
+        corpus._check_local_links()
+        return corpus
+
+    def member_path(self, relative: Any, what: str) -> str:
+        """The full path of a file the manifest names (an index or rejects file in ``extra``), if it is
+        inside the corpus folder; :class:`CorpusError` naming the manifest and the entry otherwise."""
+        path = member_path(self.root, relative, self._where, what)
+        if _is_local(self.fs):
+            self._check_inside(path, what)
+        return path
+
+    @property
+    def _where(self) -> str:
+        return _manifest_location(self.url, self.fs, self.root)
+
+    def _check_local_links(self) -> None:
+        """On a local disk a listed name may still be a symbolic link to a file elsewhere: refuse it."""
+        if _is_local(self.fs):
+            for shard in self.shards:
+                self._check_inside(self.shard_path(shard), "shard path")
+
+    def _check_inside(self, path: str, what: str) -> None:
+        real_root = os.path.realpath(self.root)
+        if not os.path.realpath(path).startswith(real_root.rstrip(os.sep) + os.sep):
+            raise CorpusError(f"{self._where}: {what} {posixpath.relpath(path, self.root)!r} resolves outside the "
+                              "corpus folder (a symbolic link); a manifest may only name files inside its corpus folder")
 
     @property
     def shards(self) -> list[ShardInfo]:

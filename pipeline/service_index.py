@@ -105,7 +105,7 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
     schema = _index_schema(params.num_perm, params.bands)
     tables = []
     for name in index["files"]:
-        path = posixpath.join(corpus.root, name)
+        path = corpus.member_path(name, "signature index file")
         try:
             with corpus.fs.open(path, "rb") as handle:
                 tables.append(pq.read_table(handle, schema=schema))
