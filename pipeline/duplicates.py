@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.folders import JOB_FINGERPRINT_KEY
 from pipeline.format import Corpus, CorpusError
 
 REMOVED_COLUMNS = ("removed_as", "duplicate_of", "similarity")
@@ -70,11 +71,13 @@ def open_removed(corpus: Corpus, removed_url: str | None = None) -> Corpus:
 
     Raises :class:`CorpusError` naming what is missing, e.g. a job run without ``--removed``.
     """
+    named_by_manifest = removed_url is None
     if removed_url is None:
         if all(name in corpus.schema.names for name in REMOVED_COLUMNS):
             return corpus  # we were handed the removed corpus itself
-        removed_url = (corpus.manifest.extra.get("job") or {}).get("removed")
-        if not removed_url:
+        job = corpus.manifest.extra.get("job")
+        removed_url = job.get("removed") if isinstance(job, dict) else None
+        if not isinstance(removed_url, str) or not removed_url:
             raise CorpusError(f"{corpus.url}: its dedup job kept no removed documents; rerun "
                               "`gristmill dedup ... --removed CORPUS2` or pass --removed CORPUS2")
     try:
@@ -84,6 +87,11 @@ def open_removed(corpus: Corpus, removed_url: str | None = None) -> Corpus:
     missing = [name for name in REMOVED_COLUMNS if name not in removed.schema.names]
     if missing:
         raise CorpusError(f"{removed_url}: not a removed-documents corpus (no {', '.join(missing)} column)")
+    # a manifest is untrusted: the folder it names is followed only if that corpus names the same job back
+    if named_by_manifest and removed.manifest.extra.get(JOB_FINGERPRINT_KEY) != corpus.manifest.extra.get(
+            JOB_FINGERPRINT_KEY):
+        raise CorpusError(f"{removed_url}: the removed corpus {corpus.url}'s manifest names was written by another "
+                          "job; pass --removed CORPUS2 to use it anyway")
     return removed
 
 

@@ -243,3 +243,19 @@ def test_index_files_in_extra_are_contained_for_serve_and_against(ray_local: Non
     assert main(["serve", "--index", str(out), "--state", str(tmp_path / "state"), "--port", "0"]) == 2
     with pytest.raises(DedupError, match="signature index file"):
         run_dedup(DedupConfig(inputs=[str(raw)], output=str(tmp_path / "next"), against=str(out)))
+
+
+def test_the_removed_corpus_a_manifest_names_must_name_the_same_job_back(ray_local: None, raw: Path,
+                                                                         tmp_path: Path) -> None:
+    from pipeline.duplicates import open_removed
+
+    run_dedup(DedupConfig(inputs=[str(raw)], output=str(tmp_path / "a"), removed=str(tmp_path / "a-removed"),
+                          num_partitions=2))
+    run_dedup(DedupConfig(inputs=[str(raw)], output=str(tmp_path / "b"), removed=str(tmp_path / "b-removed"),
+                          num_partitions=2, threshold=0.6))
+    assert open_removed(Corpus.open(str(tmp_path / "a"))).url == str(tmp_path / "a-removed")
+    _tamper(tmp_path / "a", lambda m: m["extra"]["job"].__setitem__("removed", str(tmp_path / "b-removed")))
+    with pytest.raises(CorpusError, match="written by another job"):
+        open_removed(Corpus.open(str(tmp_path / "a")))
+    # named explicitly by the user, it is used as asked
+    assert open_removed(Corpus.open(str(tmp_path / "a")), str(tmp_path / "b-removed")).num_rows > 0
