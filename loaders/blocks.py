@@ -199,6 +199,13 @@ class Counters:
         return out
 
 
+def check_columns(corpus: Corpus, columns: list[str]) -> None:
+    """Raise LoaderError naming the columns the corpus lacks (before any block is read)."""
+    missing = [c for c in columns if c not in corpus.schema.names]
+    if missing:
+        raise LoaderError(f"{corpus.url}: corpus has no column(s) {missing}; it has {corpus.schema.names}")
+
+
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, LoaderError)
 
 
@@ -207,9 +214,7 @@ class BlockSource:
 
     def __init__(self, corpus: Corpus, columns: list[str], *, retries: int = 4, cache: DiskCache | None = None,
                  verify_checksums: bool = False, counters: Counters | None = None) -> None:
-        missing = [c for c in columns if c not in corpus.schema.names]
-        if missing:
-            raise LoaderError(f"{corpus.url}: corpus has no column(s) {missing}; it has {corpus.schema.names}")
+        check_columns(corpus, columns)
         self.corpus = corpus
         self.columns = columns
         self.layout = Layout.of(corpus.shards)

@@ -19,13 +19,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (imported up front: its first import inside a batch costs seconds under load)
 
-from loaders.blocks import BlockSource, Counters, DiskCache
+from loaders.blocks import BlockSource, Counters, DiskCache, check_columns
+from loaders.checks import INT32_MAX, INT32_MIN, flag, integer, optional_integer, shown
 from loaders.plan import EpochOrder, Generation, Split, StreamSpec, consumed_by_batches, plan_generation
 from loaders.prefetch import Prefetcher, Window, read_inline
+from loaders.state import STATE_VERSION, Resume, SavedState, as_mapping, corpus_fingerprint, parse_state
 from loaders.tokenizers import as_tokenizer
 from pipeline.format import Corpus
 
-STATE_VERSION = 1
+OUTPUTS = ("python", "arrow", "utf8")
 DEFAULT_PREFETCH_BYTES = 256 * 1024 * 1024
 DEFAULT_WINDOW_BLOCKS = 8
 
@@ -38,7 +40,30 @@ def distributed_defaults() -> tuple[int, int]:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    return _environment_int("RANK", 0), _environment_int("WORLD_SIZE", 1)
+
+
+def _environment_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={shown(text)} is not an integer; fix it, or pass rank= and "
+                         "world_size= to the loader") from None
+
+
+def _column_names(columns: object) -> list[str]:
+    """``columns`` as a non-empty list of distinct names (a bare string would be read as its letters)."""
+    if isinstance(columns, str):
+        raise TypeError(f"columns must be a list of column names such as [{shown(columns)}], not a string")
+    if not isinstance(columns, Iterable):
+        raise TypeError(f"columns must be a list of column names, got {shown(columns)}")
+    names = list(columns)
+    if not names or not all(isinstance(name, str) for name in names) or len(set(names)) != len(names):
+        raise ValueError(f"columns must be one or more distinct column names, got {shown(names)}")
+    return names
 
 
 class StreamingLoader:
@@ -54,7 +79,7 @@ class StreamingLoader:
 
     def __init__(
         self,
-        url: str,
+        url: str | os.PathLike[str],
         *,
         batch_size: int = 32,
         columns: Sequence[str] = ("text",),
@@ -79,42 +104,62 @@ class StreamingLoader:
         worker_id: int = 0,
         num_workers: int = 1,
     ) -> None:
-        if batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
-        if output not in ("python", "arrow", "utf8"):
-            raise ValueError("output must be 'python', 'arrow' or 'utf8'")
-        default_rank, default_world = distributed_defaults()
-        self.url = url
-        self.batch_size = batch_size
-        self.columns = list(columns)
-        self.shuffle = shuffle
-        self.seed = seed
-        self.rank = default_rank if rank is None else rank
-        self.world_size = default_world if world_size is None else world_size
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is not in [0, {self.world_size})")
-        self.drop_last = drop_last
-        self.seq_len = seq_len
-        self.tokenizer = as_tokenizer(tokenizer) if seq_len else None
-        self.pad_id = pad_id
-        self.steps_per_epoch = steps_per_epoch
-        self.prefetch_bytes = prefetch_bytes
+        if not isinstance(url, (str, os.PathLike)):
+            raise TypeError(f"url must be a corpus folder or URL string, got {shown(url)}")
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {shown(output)}")
+        self.seq_len = optional_integer(seq_len, "seq_len", minimum=1)
+        if self.seq_len is None:
+            for name, value in (("tokenizer", tokenizer), ("steps_per_epoch", steps_per_epoch)):
+                if value is not None:
+                    raise ValueError(f"{name} applies to packed tokens only: set seq_len as well, or leave {name} out")
+        elif output != "python":
+            raise ValueError(f"output={output!r} applies to document batches; packed-token batches are always "
+                             "{'tokens', 'segment_ids'} arrays")
+        self.url = os.fspath(url)
+        self.batch_size = integer(batch_size, "batch_size", minimum=1)
+        self.columns = _column_names(columns)
+        self.shuffle = flag(shuffle, "shuffle")
+        self.seed = integer(seed, "seed", minimum=0)
+        if rank is None or world_size is None:
+            default_rank, default_world = distributed_defaults()
+            rank = default_rank if rank is None else rank
+            world_size = default_world if world_size is None else world_size
+        self.world_size = integer(world_size, "world_size", minimum=1)
+        self.rank = integer(rank, "rank", minimum=0)
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is not in [0, {self.world_size}): ranks count from 0 to world_size - 1")
+        self.drop_last = flag(drop_last, "drop_last")
+        self.tokenizer = as_tokenizer(tokenizer) if self.seq_len is not None else None
+        if self.tokenizer is not None:
+            optional_integer(self.tokenizer.eos_id, "the tokenizer's eos_id", minimum=INT32_MIN, maximum=INT32_MAX)
+        self.pad_id = integer(pad_id, "pad_id", minimum=INT32_MIN, maximum=INT32_MAX)
+        self.steps_per_epoch = optional_integer(steps_per_epoch, "steps_per_epoch", minimum=1)
+        shuffle_window = optional_integer(shuffle_window, "shuffle_window", minimum=1)
+        self.prefetch_bytes = integer(prefetch_bytes, "prefetch_bytes", minimum=1)
+        io_threads = optional_integer(io_threads, "io_threads", minimum=0)
         self.io_threads = min(4, os.cpu_count() or 1) if io_threads is None else io_threads
         self.output = output
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise TypeError(f"storage_options must be a dict of fsspec options, got {shown(storage_options)}")
         self.storage_options = dict(storage_options or {})
-        self.worker_id = worker_id
-        self.num_workers = max(1, num_workers)
-        self.verify_checksums = verify_checksums
-        self.retries = retries
-        self.cache_dir = cache_dir
-        self.cache_bytes = cache_bytes
+        self.num_workers = integer(num_workers, "num_workers", minimum=1)
+        self.worker_id = integer(worker_id, "worker_id", minimum=0, maximum=self.num_workers - 1)
+        self.verify_checksums = flag(verify_checksums, "verify_checksums")
+        self.retries = integer(retries, "retries", minimum=0)
+        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+            raise TypeError(f"cache_dir must be a local folder path, got {shown(cache_dir)}")
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.cache_bytes = integer(cache_bytes, "cache_bytes", minimum=1)
         self.counters = Counters()
-        self.corpus = Corpus.open(url, storage_options)
+        self.corpus = Corpus.open(self.url, self.storage_options)
+        check_columns(self.corpus, self._read_columns)
         self._source: BlockSource | None = None
         rows = max(1, self.corpus.num_rows)
         blocks = max(1, sum(len(s.row_groups) for s in self.corpus.shards))
         window = shuffle_window or DEFAULT_WINDOW_BLOCKS * math.ceil(rows / blocks)
-        self.window = math.ceil(window / batch_size) * batch_size  # whole batches, so none straddles windows
+        self.window = math.ceil(window / self.batch_size) * self.batch_size  # whole batches: none straddles windows
+        self._fingerprint: str | None = None  # of the corpus, computed when a state is first saved or loaded
         self.epoch = 0
         self._history: list[Generation] = []
         self._batches = 0  # batches this rank has yielded in the current generation
@@ -147,7 +192,7 @@ class StreamingLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning at the next iteration (each epoch has its own shuffle)."""
-        self.epoch = epoch
+        self.epoch = integer(epoch, "epoch", minimum=0)
         self._history = []
         self._batches = 0
         self._streams = None
@@ -163,10 +208,18 @@ class StreamingLoader:
         return math.ceil(split.per_rank / self.batch_size)
 
     # -- checkpoints ------------------------------------------------------------------------------
+    def _identity(self) -> dict[str, Any]:
+        """What the sample order depends on besides the generation; a state resumes only a loader that matches."""
+        if self._fingerprint is None:
+            self._fingerprint = corpus_fingerprint(self.corpus.shards)
+        eos_id = None if self.tokenizer is None or self.tokenizer.eos_id is None else int(self.tokenizer.eos_id)
+        return {"corpus": self._fingerprint, "seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                "seq_len": self.seq_len, "eos_id": eos_id}
+
     def state_dict(self) -> dict[str, Any]:
         """A few numbers that resume the stream exactly at the next batch (see docs/LOADER.md)."""
         state: dict[str, Any] = {
-            "version": STATE_VERSION, "seed": self.seed, "shuffle": self.shuffle, "epoch": self.epoch,
+            "version": STATE_VERSION, **self._identity(), "epoch": self.epoch,
             "world_size": self.world_size, "workers": self.num_workers, "batch_size": self.batch_size,
             "window": self.window, "batches": self._batches,
             "history": [[g.world_size, g.workers, g.batch_size, g.window, list(g.consumed)]
@@ -179,48 +232,80 @@ class StreamingLoader:
     @staticmethod
     def merge_state_dicts(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Combine every rank's state (token mode) so it can resume under a different world size."""
-        merged = dict(states[0])
-        merged["streams"] = {rank: pos for s in states for rank, pos in s.get("streams", {}).items()}
+        if not states:
+            raise ValueError("merge_state_dicts needs the state of every rank, got none")
+        merged = dict(as_mapping(states[0], "loader"))
+        merged["streams"] = {}
+        for index, state in enumerate(states):
+            state = as_mapping(state, "loader")
+            for key in (set(merged) | set(state)) - {"streams", "batches"}:
+                if state.get(key) != merged.get(key):
+                    raise ValueError(f"states[{index}] has {key}={shown(state.get(key))}, states[0] {shown(merged.get(key))}: "
+                                     "merge the states of one checkpoint, one per rank")
+            streams = state.get("streams")
+            if not isinstance(streams, Mapping):
+                raise ValueError(f"states[{index}] has no packed-token 'streams'; document states need no merging")
+            for rank, positions in streams.items():
+                if rank in merged["streams"]:
+                    raise ValueError(f"states[{index}] repeats rank {rank}: give each rank's state once")
+                merged["streams"][rank] = positions
         return merged
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a saved state: the next batch is the one that followed it.
 
         Under the same world size, workers and batch size this is exact; otherwise (elastic) the rows the
-        old ranks had not read are re-divided among the new ones, none lost or repeated.
+        old ranks had not read are re-divided among the new ones, none lost or repeated. A state of another
+        corpus or order, or with any field out of range, is refused (ValueError naming the field) before
+        anything changes.
         """
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
-        for name in ("seed", "shuffle"):
-            if state[name] != getattr(self, name):
-                raise ValueError(f"state was saved with {name}={state[name]!r}, this loader has "
-                                 f"{name}={getattr(self, name)!r}")
-        self.set_epoch(int(state["epoch"]))
-        self._history = [Generation(int(w), int(k), int(b), int(c), tuple(int(x) for x in done))
-                         for w, k, b, c, done in state["history"]]
-        saved = Generation(int(state["world_size"]), int(state["workers"]), int(state["batch_size"]),
-                           int(state["window"]))
-        streams = {int(r): [tuple(p) for p in pos] for r, pos in state.get("streams", {}).items()}
-        if saved == self._generation():
-            self._batches = int(state["batches"])
-            if self.seq_len is not None:
-                self._streams = streams.get(self.rank) or None
-            return
+        self._restore(self._check_state(state))
+
+    def _check_state(self, state: object) -> Resume:
+        """Where ``state`` resumes this loader, once every field is checked against this corpus and plan."""
+        saved: SavedState = parse_state(state, self._identity())
+        generation = saved.generation
+        specs, split = plan_generation(self.corpus.num_rows, saved.history, generation, seed=self.seed,
+                                       epoch=saved.epoch, shuffle=self.shuffle, drop_last=self.drop_last,
+                                       by_batches=self.seq_len is None)
+        if self.seq_len is None:
+            limit = math.ceil(split.per_rank / generation.batch_size)
+        else:
+            limit = self.steps_per_epoch
+            for rank, positions in saved.streams.items():
+                for worker, (documents, tokens) in enumerate(positions):
+                    rows = len(specs[rank * generation.workers + worker].positions)
+                    if documents > rows or (documents == rows and tokens):
+                        raise ValueError(f"state field 'streams[{str(rank)!r}][{worker}]' is [{documents}, {tokens}], "
+                                         f"past the end of that stream ({rows} documents)")
+        if limit is not None and saved.batches > limit:
+            raise ValueError(f"state field 'batches' is {saved.batches}, but a rank has {limit} batches in this "
+                             "epoch under the state's world_size, workers and batch_size")
+        if generation == self._generation():
+            streams = saved.streams.get(self.rank) or None
+            if self.seq_len is not None and streams is None and saved.batches:
+                raise ValueError(f"state field 'streams' has no position for rank {self.rank}, which had yielded "
+                                 f"{saved.batches} batches: load this rank's own state")
+            return Resume(saved.epoch, saved.history, saved.batches, streams)
         # Elastic: close the saved generation with what every one of its streams consumed.
         if self.seq_len is None:
-            _, split = plan_generation(
-                sum(s.rows for s in self.corpus.shards), self._history, saved, seed=self.seed, epoch=self.epoch,
-                shuffle=self.shuffle, drop_last=self.drop_last, by_batches=True)
-            per_rank = consumed_by_batches(split, saved.workers, saved.batch_size, int(state["batches"]))
-            consumed = tuple(per_rank * saved.world_size)
+            per_rank = consumed_by_batches(split, generation.workers, generation.batch_size, saved.batches)
+            consumed = tuple(per_rank * generation.world_size)
         else:
-            if sorted(streams) != list(range(saved.world_size)):
+            if sorted(saved.streams) != list(range(generation.world_size)):
                 raise ValueError("an elastic resume of packed-token batches needs every rank's state: pass "
                                  "StreamingLoader.merge_state_dicts([state of rank 0, rank 1, ...])")
-            consumed = tuple(int(streams[r][w][0]) + (1 if streams[r][w][1] else 0)
-                             for r in range(saved.world_size) for w in range(saved.workers))
-        self._history.append(Generation(saved.world_size, saved.workers, saved.batch_size, saved.window,
-                                        consumed))
+            consumed = tuple(documents + (1 if tokens else 0) for rank in range(generation.world_size)
+                             for documents, tokens in saved.streams[rank] or [(0, 0)] * generation.workers)
+        closed = Generation(generation.world_size, generation.workers, generation.batch_size, generation.window,
+                            consumed)
+        return Resume(saved.epoch, [*saved.history, closed], 0, None)
+
+    def _restore(self, resume: Resume) -> None:
+        self.set_epoch(resume.epoch)
+        self._history = list(resume.history)
+        self._batches = resume.batches
+        self._streams = resume.streams
 
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:

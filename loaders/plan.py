@@ -232,6 +232,10 @@ def plan_generation(total: int, history: Sequence[Generation], current: Generati
         if len(generation.consumed) != len(specs):
             raise ValueError(f"resume state has {len(generation.consumed)} stream positions for a generation "
                              f"of {len(specs)} streams")
+        for stream, (spec, done) in enumerate(zip(specs, generation.consumed)):
+            if done > len(spec.positions):
+                raise ValueError(f"state field 'history[{index}].consumed[{stream}]' is {done}, more than the "
+                                 f"{len(spec.positions)} rows of that stream")
         base = Positions.concat(spec.remaining(done) for spec, done in zip(specs, generation.consumed))
     return streams_of(base, current, len(history), seed=seed, epoch=epoch, shuffle=shuffle,
                       drop_last=drop_last, by_batches=by_batches)
