@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from loaders.blocks import Counters
+from loaders.checks import integer
 from loaders.loader import StreamingLoader, Unit
 
 
@@ -63,14 +64,17 @@ class StreamingDataLoader(DataLoader):
     """A DataLoader over a ``StreamingDataset`` that can checkpoint and resume the stream."""
 
     def __init__(self, dataset: StreamingDataset, num_workers: int = 0, **kwargs: Any) -> None:
-        if kwargs.pop("batch_size", None) not in (None,):
+        if not isinstance(dataset, StreamingDataset):
+            raise TypeError(f"StreamingDataLoader reads a StreamingDataset, got {type(dataset).__name__}; use a "
+                            "plain DataLoader for other datasets")
+        if kwargs.pop("batch_size", None) is not None:
             raise ValueError("the dataset yields whole batches; set batch_size on the dataset, not here")
-        dataset.loader.num_workers = max(1, num_workers)
-        # Units carry Python-string documents or packed tokens; Arrow and UTF-8 batches travel one by one.
-        loader = dataset.loader
-        dataset.units = num_workers > 0 and (loader.seq_len is not None or loader.output == "python")
-        super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+        integer(num_workers, "num_workers", minimum=0)
+        super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)  # checks the other arguments
         self.stream = dataset.loader
+        self.stream.num_workers = max(1, num_workers)
+        # Units carry Python-string documents or packed tokens; Arrow and UTF-8 batches travel one by one.
+        dataset.units = num_workers > 0 and (self.stream.seq_len is not None or self.stream.output == "python")
 
     def __iter__(self) -> Iterator[Any]:
         for batch in itertools.chain(self._first(), self._batches()):
