@@ -140,3 +140,32 @@ def test_shared_pool_reuses_a_released_buffer_for_a_larger_unit_of_another_type(
     assert grown.dtype == torch.int32 and grown.numel() == 2_000_000
     lent = pool.allocate(10, np.uint8)  # the first buffer is lent again: the next unit gets its own
     assert lent.untyped_storage().data_ptr() != memory
+
+
+def test_bad_dataloader_arguments_are_refused_before_the_dataset_changes(corpus: tuple[str, list[str]]) -> None:
+    dataset = StreamingDataset(corpus[0], batch_size=8, columns=["id"], world_size=1, rank=0)
+    with pytest.raises(TypeError, match="reads a StreamingDataset, got TensorDataset"):
+        StreamingDataLoader(torch.utils.data.TensorDataset(torch.zeros(2)))  # type: ignore[arg-type]
+    for arguments, message in [({"num_workers": -1}, "num_workers must be >= 0"),
+                               ({"num_workers": 1.5}, "num_workers must be an integer"),
+                               ({"batch_size": 4}, "set batch_size on the dataset"),
+                               ({"prefetch_factor": 2}, "prefetch_factor")]:  # DataLoader's own check
+        with pytest.raises((TypeError, ValueError), match=message):
+            StreamingDataLoader(dataset, **arguments)
+    assert dataset.loader.num_workers == 1 and not dataset.units
+
+
+def test_a_refused_state_leaves_the_dataloader_where_it_was(corpus: tuple[str, list[str]]) -> None:
+    path, _ = corpus
+    full = [b["id"] for b in loader_for(path, 2)]
+    first = loader_for(path, 2)
+    for _ in zip(range(7), first):
+        pass
+    state = first.state_dict()
+    resumed = loader_for(path, 2)
+    resumed.load_state_dict(state)
+    for bad, name in [({**state, "batches": -1}, "'batches'"), ({**state, "seed": 6}, "'seed'"),
+                      ({**state, "corpus": "0" * 32}, "another corpus")]:
+        with pytest.raises(ValueError, match=name):
+            resumed.load_state_dict(bad)
+    assert [b["id"] for b in resumed] == full[7:]
