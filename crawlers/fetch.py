@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -17,6 +18,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from .safety import AddressPolicy, GuardedResolver, blocked_cause
+from .sniff import binary_type, is_generic
 
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 SITEMAP_TYPES = ("application/xml", "text/xml", "application/gzip", "application/x-gzip", "text/plain",
@@ -63,7 +65,7 @@ class Response:
 
     @property
     def content_type(self) -> str:
-        return self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        return media_type(self.headers)
 
     @property
     def charset(self) -> str | None:
@@ -72,6 +74,11 @@ class Response:
             if name.strip().lower() == "charset":
                 return value.strip().strip("\"'") or None
         return None
+
+
+def media_type(headers: Mapping[str, str]) -> str:
+    """The Content-Type without parameters, lower case; "" when there is none."""
+    return headers.get("Content-Type", "").split(";")[0].strip().lower()
 
 
 @dataclass(frozen=True)
@@ -158,7 +165,12 @@ class Fetcher:
     async def fetch(self, url: str, accept: tuple[str, ...] = HTML_TYPES, proxy: str | None = None,
                     truncate: bool = False) -> Response:
         """GET ``url`` once; ``accept=()`` takes any Content-Type, ``truncate`` keeps the first
-        ``max_body_bytes`` instead of rejecting a longer body."""
+        ``max_body_bytes`` instead of rejecting a longer body.
+
+        With ``accept``, a 2xx body must also look like one of those types: a missing or generic
+        Content-Type is judged by sniffing the body, and a body that is evidently some other
+        binary type is refused whatever the header says.
+        """
         await self.check_target(url, proxy is not None)
         headers = {"User-Agent": self.user_agent, "Accept-Encoding": "gzip, deflate",
                    "Accept": ", ".join(accept) + ", */*;q=0.1" if accept else "*/*"}
@@ -166,8 +178,11 @@ class Fetcher:
         try:
             async with self.session.get(url, headers=headers, allow_redirects=False, proxy=proxy) as resp:
                 body = await self._read(resp, url, accept, truncate)
-                return Response(url, resp.status, CIMultiDict(resp.headers), body,
-                                time.monotonic() - started, dict(resp.request_info.headers))
+                response = Response(url, resp.status, CIMultiDict(resp.headers), body,
+                                    time.monotonic() - started, dict(resp.request_info.headers))
+            if accept and 200 <= response.status < 300:
+                _refuse_other_binary(response, accept)
+            return response
         except FetchError:
             raise
         except asyncio.TimeoutError:
@@ -187,8 +202,8 @@ class Fetcher:
         limits = self.limits
         if not 200 <= resp.status < 300:  # error pages and redirects: a little body, for ban markers
             return await self._read_capped(resp, url, 64 * 1024, True)
-        content_type = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        if accept and content_type and content_type not in accept:
+        content_type = media_type(resp.headers)
+        if accept and content_type not in accept and not is_generic(content_type):
             raise RejectedResponse(f"{url}: Content-Type {content_type!r} is not one of {', '.join(accept)}")
         declared = resp.content_length
         if declared is not None and declared > limits.max_body_bytes and not truncate:
@@ -212,3 +227,12 @@ class Fetcher:
             if len(raw) >= cap and truncate:
                 break
         return inflater.finish() if inflater is not None else bytes(raw)
+
+
+def _refuse_other_binary(response: Response, accept: tuple[str, ...]) -> None:
+    """Raise :class:`RejectedResponse` if the body's bytes show a binary type ``accept`` lacks."""
+    sniffed = binary_type(response.body, response.content_type, response.charset)
+    if sniffed is not None and sniffed not in accept:
+        declared = f"Content-Type {response.content_type!r}" if response.content_type else "no Content-Type"
+        raise RejectedResponse(f"{response.url}: body looks like {sniffed} by its first bytes, not "
+                               f"{', '.join(accept)} ({declared})")

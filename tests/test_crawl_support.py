@@ -25,6 +25,13 @@ from crawlers.crawler import CrawlSummary
 from pipeline.format import Corpus
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+OMIT_CONTENT_TYPE = web.ResponseKey("omit_content_type", bool)  # a response marked so has no Content-Type
+
+
+async def _omit_content_type(_request: web.Request, response: web.StreamResponse) -> None:
+    """aiohttp adds ``application/octet-stream`` to any body without a type; undo it when asked."""
+    if response.get(OMIT_CONTENT_TYPE):
+        response.headers.popall("Content-Type", None)
 
 
 @dataclass
@@ -55,16 +62,20 @@ class Site:
         return self.base + path
 
     def page(self, path: str, body: str | bytes = "", status: int = 200,
-             content_type: str = "text/html; charset=utf-8", headers: dict[str, str] | None = None,
+             content_type: str | None = "text/html; charset=utf-8", headers: dict[str, str] | None = None,
              delay: float = 0.0) -> None:
-        """A fixed response (``delay`` seconds before the headers go out)."""
+        """A fixed response (``delay`` seconds before the headers go out); ``content_type=None``
+        sends no Content-Type header at all."""
         payload = body.encode("utf-8") if isinstance(body, str) else body
 
         async def handler(request: web.Request) -> web.StreamResponse:
             if delay:
                 await asyncio.sleep(delay)
             response = web.Response(body=payload, status=status, headers=headers or {})
-            response.headers["Content-Type"] = content_type
+            if content_type is None:
+                response[OMIT_CONTENT_TYPE] = True
+            else:
+                response.headers["Content-Type"] = content_type
             return response
 
         self.routes[path] = handler
@@ -112,6 +123,7 @@ class ServerThread:
         async def start() -> None:
             app = web.Application()
             app.router.add_route("*", "/{tail:.*}", site._dispatch)
+            app.on_response_prepare.append(_omit_content_type)
             runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
             await runner.setup()
             tcp = web.TCPSite(runner, site.ip, 0)
@@ -234,11 +246,13 @@ def test_support_site_answers_and_logs(servers: ServerThread) -> None:
     """The harness itself: a site serves its routes, 404s the rest, and logs both."""
     site = servers.start(Site("127.0.0.2"))
     site.page("/hello", "<p>hi</p>")
+    site.page("/bare", b"\x00\x01", content_type=None)
 
-    async def get(path: str) -> tuple[int, str]:
+    async def get(path: str) -> tuple[int, str, str | None]:
         async with aiohttp.ClientSession() as session, session.get(site.url(path)) as response:
-            return response.status, await response.text()
+            return response.status, await response.text("latin-1"), response.headers.get("Content-Type")
 
-    assert asyncio.run(get("/hello")) == (200, "<p>hi</p>")
+    assert asyncio.run(get("/hello")) == (200, "<p>hi</p>", "text/html; charset=utf-8")
+    assert asyncio.run(get("/bare")) == (200, "\x00\x01", None)  # no type at all, not aiohttp's default
     assert asyncio.run(get("/nope"))[0] == 404
-    assert site.paths() == Counter({"/hello": 1, "/nope": 1})
+    assert site.paths() == Counter({"/hello": 1, "/bare": 1, "/nope": 1})
