@@ -7,12 +7,32 @@ import json
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .crawler import CrawlSummary
 
 HELP = "crawl seed URLs or sitemaps into raw corpus shards (re-running resumes)"
+EPILOG = """exit status: 0 when the crawl holds documents (a re-run with nothing left to fetch included) or
+was stopped by SIGTERM; 1 when it finished having stored nothing (stderr says why, by outcome); 2 for
+bad arguments or an unreadable seed file; 130 on Ctrl-C (everything finished is committed: run the
+same command again to resume)."""
+# What a user can do about each outcome kind when a crawl stored nothing.
+HINTS = {
+    "blocked": "the address policy refused these hosts (private, loopback or reserved addresses); "
+               "allow a network with --allow-network CIDR",
+    "robots": "robots.txt disallows these URLs",
+    "rejected": "a fetch guard refused the response (not HTML, a binary body, too large...)",
+    "empty": "no main text was found; --no-extract stores the visible text instead",
+    "failed": "retries ran out (network errors, 429 or 5xx)",
+    "host": "their hosts were parked; --retry-parked tries them again",
+    "http": "the server answered with an error status",
+    "duplicate": "the dedup service already holds these documents",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
     parser.add_argument("seeds", help="file with one seed URL per line (# comments allowed), or '-' for stdin; "
                                       "sitemap URLs (*.xml, *.xml.gz) are expanded")
     parser.add_argument("-o", "--output", required=True, help="corpus folder (local path or fsspec URL)")
@@ -57,7 +77,7 @@ def _pairs(values: list[str], what: str) -> dict[str, str]:
     for value in values:
         key, sep, target = value.partition("=")
         if not sep or not key or not target:
-            raise SystemExit(f"gristmill crawl: {what} {value!r} is not KEY=VALUE")
+            raise ValueError(f"{what} {value!r} is not KEY=VALUE")
         pairs[key] = target
     return pairs
 
@@ -79,9 +99,47 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
         seeds = read_seeds(args.seeds)
-    except OSError as exc:
-        print(f"gristmill crawl: cannot read seeds: {exc}", file=sys.stderr)
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"gristmill crawl: cannot read seeds from {args.seeds}: {exc}", file=sys.stderr)
         return 2
+    if not seeds:
+        print(f"gristmill crawl: {args.seeds} holds no seed URL", file=sys.stderr)
+        return 2
+    try:
+        config = CrawlConfig(**_options(args))
+    except ValueError as exc:
+        print(f"gristmill crawl: {exc}", file=sys.stderr)
+        return 2
+    summary = crawl(seeds, args.output, config)
+    report = summary.to_dict()
+    report.pop("hosts")
+    report["errors"] = report["errors"][:20]
+    print(json.dumps(report, indent=1))
+    if not summary.documents and not summary.stopped_by:
+        print(nothing_stored(summary), file=sys.stderr)
+        return 1
+    if not summary.requests and not args.quiet:
+        print(f"gristmill crawl: nothing left to fetch; {args.output} holds {summary.documents} documents",
+              file=sys.stderr)
+    return 0
+
+
+def nothing_stored(summary: CrawlSummary) -> str:
+    """Why a finished crawl holds no document: its outcomes by kind, each with a hint and an example."""
+    lines = ["gristmill crawl: the crawl finished and stored no document"]
+    for kind, count in sorted(summary.outcomes.items(), key=lambda item: -item[1]):
+        hint = HINTS.get(kind)
+        lines.append(f"  {count} {kind}" + (f": {hint}" if hint else ""))
+        if kind in summary.outcome_examples:
+            lines.append(f"    e.g. {summary.outcome_examples[kind]}")
+    if not summary.outcomes:
+        lines.append("  no seed URL was admitted")
+    lines.extend(f"  error: {error}" for error in summary.errors[:5])
+    return "\n".join(lines)
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """CrawlConfig fields from the command line; ValueError names a malformed one."""
     options: dict[str, Any] = {
         "state_dir": args.state_dir, "concurrency": args.concurrency, "per_host_concurrency": args.per_host,
         "min_delay": args.delay, "max_delay": args.max_delay, "crawl_delay_cap": args.crawl_delay_cap,
@@ -100,14 +158,4 @@ def run(args: argparse.Namespace) -> int:
     if args.dedup_service:
         options["dedup_service"] = args.dedup_service
         options["dedup_service_token"] = os.environ.get("GRISTMILL_SERVICE_TOKEN") or None
-    try:
-        config = CrawlConfig(**options)
-    except ValueError as exc:
-        print(f"gristmill crawl: {exc}", file=sys.stderr)
-        return 2
-    summary = crawl(seeds, args.output, config)
-    report = summary.to_dict()
-    report.pop("hosts")
-    report["errors"] = report["errors"][:20]
-    print(json.dumps(report, indent=1))
-    return 0
+    return options

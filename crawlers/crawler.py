@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import heapq
+import ipaddress
 import itertools
 import logging
 import os
@@ -45,6 +46,11 @@ log = logging.getLogger("gristmill.crawl")
 _ROBOTS = object()  # the dispatch token for "fetch this host's robots.txt first"
 STATE_FILE = "frontier.sqlite"
 HOST_WINDOW = 32  # queued URLs per host held in memory; the rest wait on disk in the frontier
+
+
+_NON_NEGATIVE = ("min_delay", "max_delay", "crawl_delay_cap", "max_retries", "max_depth", "max_redirects",
+                 "max_body_bytes", "max_decompressed_bytes", "connect_timeout", "read_timeout",
+                 "total_timeout", "extract_timeout", "commit_every", "commit_interval")
 
 
 @dataclass
@@ -106,17 +112,28 @@ class CrawlConfig:
     dedup_service_token: str | None = None
 
     def __post_init__(self) -> None:
+        """Refuse bad settings here, before a crawl creates any state."""
         if self.follow not in ("same-host", "any"):
             raise ValueError(f"follow must be 'same-host' or 'any', not {self.follow!r}")
         if self.per_host_concurrency < 1 or self.concurrency < 1:
             raise ValueError("concurrency and per_host_concurrency must be at least 1")
+        if self.max_pages is not None and self.max_pages < 1:
+            raise ValueError(f"max_pages must be at least 1, not {self.max_pages}")
+        for name in _NON_NEGATIVE:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, not {getattr(self, name)}")
         self.allow_networks = tuple(self.allow_networks)
+        for network in self.allow_networks:  # ValueError: "'x' does not appear to be an IPv4 or IPv6 network"
+            ipaddress.ip_network(network, strict=False)
+        for address in self.host_map.values():
+            ipaddress.ip_address(address)
         self.proxies = tuple(ProxySpec.parse(p) if isinstance(p, str) else p for p in self.proxies)
 
 
 @dataclass
 class CrawlSummary:
-    """What a crawl did; ``outcomes`` covers every URL ever admitted (all runs)."""
+    """What a crawl did; ``outcomes`` covers every URL ever admitted (all runs), and
+    ``outcome_examples`` gives one full outcome (with its URL and reason) of each kind that has one."""
 
     output: str
     documents: int
@@ -132,7 +149,9 @@ class CrawlSummary:
     hosts: dict[str, dict[str, Any]]
     proxies: list[dict[str, Any]]
     errors: list[str]
+    outcome_examples: dict[str, str] = field(default_factory=dict)
     dedup_service: dict[str, int] = field(default_factory=dict)  # checked / duplicates / errors
+    stopped_by: str | None = None  # "SIGTERM" when a signal ended the crawl before its frontier was empty
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -222,7 +241,14 @@ class Crawler:
 
     # -- public ------------------------------------------------------------------------------
     def stop(self) -> None:
-        """Finish what is in flight, commit, and return (SIGINT/SIGTERM call this)."""
+        """Finish what is in flight, commit, and return (SIGINT/SIGTERM call this).
+
+        A second call does not wait for slow pages: it cancels what is in flight (those URLs stay
+        queued and are fetched again on resume) and commits what is done.
+        """
+        if self._stopping:
+            for task in self._tasks:
+                task.cancel()
         self._stopping = True
         self._wake.set()
 
@@ -816,23 +842,28 @@ class Crawler:
         if len(self._errors) < 200:
             self._errors.append(message)
 
-    def _outcomes(self) -> dict[str, int]:
-        """Every admitted URL (all runs) counted by outcome kind."""
-        outcomes = Counter[str]()
+    def _outcomes(self) -> tuple[dict[str, int], dict[str, str]]:
+        """Every admitted URL (all runs) counted by outcome kind, and one outcome with a reason per kind."""
+        counts = Counter[str]()
+        examples: dict[str, str] = {}
         for outcome, count in self.frontier.outcome_counts().items():
-            outcomes[outcome_kind(outcome)] += count
-        return dict(outcomes)
+            kind = outcome_kind(outcome)
+            counts[kind] += count
+            if outcome != kind:
+                examples.setdefault(kind, outcome)
+        return dict(counts), examples
 
     def _stats(self) -> dict[str, Any]:
-        return {"crawl": {"documents": self._documents, "outcomes": self._outcomes(),
+        return {"crawl": {"documents": self._documents, "outcomes": self._outcomes()[0],
                           "parked_hosts": self.frontier.parked_hosts()}}
 
     def _summary(self, elapsed: float) -> CrawlSummary:
+        outcomes, examples = self._outcomes()
         return CrawlSummary(
             output=self.output, documents=self._documents, fetched_this_run=self._fetched,
             requests=self._requests, bytes=self._bytes, elapsed_s=elapsed,
             pages_per_s=self._fetched / elapsed if elapsed > 0 else 0.0, status_counts=dict(self._status),
-            outcomes=self._outcomes(), queued=self.frontier.queued_count(),
+            outcomes=outcomes, outcome_examples=examples, queued=self.frontier.queued_count(),
             parked_hosts=self.frontier.parked_hosts(),
             hosts={h.origin: {"requests": h.requests, "failures": h.failures, "delay_s": round(self._delay(h), 3),
                               "parked": h.parked} for h in self._hosts.values()},
@@ -844,17 +875,25 @@ def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
     """Crawl ``seeds`` (page or sitemap URLs) into the corpus folder ``output``; re-running resumes.
 
     Options are :class:`CrawlConfig` fields, e.g. ``crawl(seeds, "out", allow_networks=["127.0.0.0/8"])``.
-    SIGINT and SIGTERM stop the crawl gracefully (in-flight pages finish, results are committed).
+    SIGINT and SIGTERM stop the crawl gracefully (in-flight pages finish, results are committed; a
+    second signal cancels the pages in flight). After SIGTERM the summary is returned; after SIGINT
+    (Ctrl-C) :class:`KeyboardInterrupt` is raised once everything is committed, as Python code
+    expects of Ctrl-C, and the crawl resumes when run again.
     """
     cfg = config or CrawlConfig(**options)
     crawler = Crawler(seeds, output, cfg, on_progress)
+    received: list[signal.Signals] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig)
+        crawler.stop()
 
     async def main() -> CrawlSummary:
         loop = asyncio.get_running_loop()
         installed = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                loop.add_signal_handler(sig, crawler.stop)
+                loop.add_signal_handler(sig, on_signal, sig)
                 installed.append(sig)
             except (NotImplementedError, RuntimeError, ValueError):
                 continue
@@ -864,4 +903,11 @@ def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
             for sig in installed:
                 loop.remove_signal_handler(sig)
 
-    return asyncio.run(main())
+    summary = asyncio.run(main())
+    if signal.SIGINT in received:
+        log.warning("interrupted: %d documents stored in %s so far, %d URLs still queued; everything "
+                    "finished is committed", summary.documents, output, summary.queued)
+        raise KeyboardInterrupt
+    if received:
+        summary.stopped_by = received[0].name
+    return summary

@@ -16,6 +16,7 @@ import asyncio
 import codecs
 import multiprocessing
 import re
+import signal
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
@@ -146,7 +147,12 @@ class ExtractionTimeout(ExtractionError):
 
 
 def _serve(conn: Connection) -> None:
-    """A worker: load the libraries, say so, then answer documents until the pipe closes."""
+    """A worker: load the libraries, say so, then answer documents until the pipe closes.
+
+    Ctrl-C in a terminal reaches the whole process group; the crawl owns it and closes the pipe,
+    so a worker ignores SIGINT instead of dying with a KeyboardInterrupt traceback of its own.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     prepare_worker()
     conn.send(None)  # ready: the first document's time limit starts only now
     while True:

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 CAPTCHA_MARKERS = re.compile(
     rb"captcha|cf-chl-|challenge-platform|are you a robot|unusual traffic|access denied", re.IGNORECASE)
@@ -33,6 +34,9 @@ class ProxySpec:
     def parse(cls, text: str) -> ProxySpec:
         """``URL[,region=de][,hosts=*.example.com|*.example.org]`` (the command-line form)."""
         url, *options = [part.strip() for part in text.split(",")]
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"proxy {text!r}: the URL must be http://HOST:PORT or https://HOST:PORT")
         values = dict(option.split("=", 1) for option in options if "=" in option)
         hosts = tuple(h for h in values.get("hosts", "").split("|") if h)
         return cls(url, values.get("region") or None, hosts)
