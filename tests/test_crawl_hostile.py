@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,7 @@ BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
 
 words = st.lists(st.text(st.characters(categories=("L", "N", "P")), min_size=1, max_size=12),
                  min_size=3, max_size=60).map(" ".join)
-prose = st.text(st.characters(blacklist_categories=("Cc", "Cs")) | st.sampled_from("\t\n\r "), max_size=3000)
+prose = st.text(st.characters(exclude_categories=("Cc", "Cs")) | st.sampled_from("\t\n\r "), max_size=3000)
 
 
 def as_html(text: str) -> str:
@@ -247,8 +248,8 @@ def test_bad_arguments_and_seed_files_exit_2_before_any_state(tmp_path: Path, ca
 
 # -- Ctrl-C -----------------------------------------------------------------------------------------
 def _ok_count(out: Path) -> int:
-    try:
-        with sqlite3.connect(out / ".crawl" / "frontier.sqlite") as db:
+    try:  # read-only: never create the crawler's state file before it does
+        with closing(sqlite3.connect(f"file:{out}/.crawl/frontier.sqlite?mode=ro", uri=True)) as db:
             return db.execute("SELECT COUNT(*) FROM urls WHERE outcome = 'ok'").fetchone()[0]
     except sqlite3.OperationalError:  # not created yet
         return 0
