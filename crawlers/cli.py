@@ -94,6 +94,7 @@ def read_seeds(path: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from .crawler import CrawlConfig, crawl
+    from .output import check_output_folder
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
@@ -107,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         config = CrawlConfig(**_options(args))
+        check_output_folder(args.output, config.storage_options)
     except ValueError as exc:
         print(f"gristmill crawl: {exc}", file=sys.stderr)
         return 2

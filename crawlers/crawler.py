@@ -35,7 +35,7 @@ from .extract import (
 )
 from .fetch import HTML_TYPES, SITEMAP_TYPES, BlockedError, Fetcher, FetchError, FetchLimits, Response
 from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, ResultLog, now_ms
-from .output import Committer, warc_payload
+from .output import Committer, check_output_folder, warc_payload
 from .proxies import NoProxyAvailable, ProxyPool, ProxySpec
 from .robots import Robots, fetch_robots
 from .safety import AddressPolicy
@@ -881,6 +881,7 @@ def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
     expects of Ctrl-C, and the crawl resumes when run again.
     """
     cfg = config or CrawlConfig(**options)
+    check_output_folder(output, cfg.storage_options)  # before any state is made
     crawler = Crawler(seeds, output, cfg, on_progress)
     received: list[signal.Signals] = []
 

@@ -19,7 +19,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.format import ShardInfo, ShardWriter, open_fs, write_manifest
+from pipeline.format import (
+    MANIFEST_NAME,
+    Corpus,
+    CorpusError,
+    ShardInfo,
+    ShardWriter,
+    open_fs,
+    write_manifest,
+)
 
 from .frontier import ResultLog
 
@@ -96,6 +104,24 @@ def _to_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=RAW_CRAWL_SCHEMA)  # (pa.table would import pandas)
 
 
+RAW_CRAWL_KIND = "raw-crawl"  # ``extra.kind`` of a crawl's manifest
+
+
+def check_output_folder(output: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Refuse (ValueError) an output folder whose manifest is not a crawl's: a crawl publishes its
+    manifest at every commit, which would silently replace a deduplicated corpus stored there."""
+    fs, root = open_fs(output, storage_options)
+    if not fs.exists(posixpath.join(root, MANIFEST_NAME)):
+        return
+    try:
+        kind = Corpus.open(output, storage_options).manifest.extra.get("kind")
+    except CorpusError as exc:
+        raise ValueError(f"{output} holds a manifest a crawl cannot resume ({exc}); choose another folder") from None
+    if kind != RAW_CRAWL_KIND:
+        raise ValueError(f"{output} holds a corpus that is not a crawl's; a crawl would replace its manifest. "
+                         "Choose another folder")
+
+
 class Committer:
     """Moves pending results from the frontier into shards and publishes the manifest.
 
@@ -163,4 +189,4 @@ class Committer:
         shards = [ShardInfo.from_dict(info) for _name, info, _warc in recorded]
         warcs = sorted({warc for _n, _i, warc in recorded if warc})
         write_manifest(self.output, shards, RAW_CRAWL_SCHEMA, stats=dict(stats),
-                       extra={"kind": "raw-crawl", "warc_files": warcs}, storage_options=self.storage_options)
+                       extra={"kind": RAW_CRAWL_KIND, "warc_files": warcs}, storage_options=self.storage_options)

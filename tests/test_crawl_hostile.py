@@ -320,3 +320,20 @@ def test_a_second_stop_cancels_pages_in_flight_and_leaves_them_queued(servers: S
     assert summary.documents == 1 and summary.queued == 1
     assert outcomes(tmp_path) == {site.url("/"): "ok", site.url("/hang"): "queued"}
     assert [row["final_url"] for row in documents(tmp_path)] == [site.url("/")]
+
+
+def test_a_crawl_into_a_folder_holding_another_kind_of_corpus_is_refused(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import pyarrow as pa
+
+    from pipeline.format import CORPUS_SCHEMA, Corpus, ShardWriter
+
+    corpus = tmp_path / "corpus"
+    writer = ShardWriter(str(corpus), CORPUS_SCHEMA)
+    writer.write(pa.Table.from_pylist([{"id": "a", "text": "kept text"}], schema=CORPUS_SCHEMA))
+    writer.commit()
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("http://a.test/\n", encoding="utf-8")
+    assert _crawl_cli(seeds, corpus) == 2
+    assert "not a crawl's" in capsys.readouterr().err
+    assert Corpus.open(str(corpus)).num_rows == 1 and not (corpus / ".crawl").exists()
