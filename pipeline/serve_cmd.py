@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=int, default=1024, help="most documents per request (default %(default)s)")
     parser.add_argument("--max-body-mb", type=float, default=16.0,
                         help="largest request body in MiB (default %(default)s)")
+    parser.add_argument("--read-timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="longest wait for a request's head or body; a slower client is cut off "
+                             "(default %(default)s)")
     parser.add_argument("--export", metavar="OUT",
                         help="instead of serving: write base + added documents as a corpus index at OUT "
                              "(what gristmill dedup --against reads) and exit")
@@ -34,13 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _token(args: argparse.Namespace) -> str | None:
+    """The bearer token from ``--token-file`` or the environment; a blank one is an error, not "no token"."""
+    from pipeline.service import check_token
+
     if args.token_file:
-        with open(args.token_file, encoding="utf-8") as handle:
-            token = handle.read().strip()
-        if not token:
-            raise ValueError(f"{args.token_file}: the token file is empty")
-        return token
-    return os.environ.get(TOKEN_ENV) or None
+        try:
+            with open(args.token_file, encoding="utf-8") as handle:
+                return check_token(handle.read().strip(), args.token_file)
+        except UnicodeDecodeError:
+            raise ValueError(f"{args.token_file}: the token file is not UTF-8 text") from None
+    if TOKEN_ENV in os.environ:
+        return check_token(os.environ[TOKEN_ENV], TOKEN_ENV)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        if args.max_batch < 1 or args.max_body_mb <= 0:
-            raise ValueError("--max-batch and --max-body-mb must be positive")
+        if args.max_batch < 1 or not args.max_body_mb > 0 or not args.read_timeout > 0:
+            raise ValueError("--max-batch, --max-body-mb and --read-timeout must be positive")
         token = _token(args)
         check_bind(args.host, token)
         if args.index:
@@ -82,10 +90,10 @@ def run(args: argparse.Namespace) -> int:
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)  # Ctrl-C stays KeyboardInterrupt: exit 130
         await serve_forever(service, args.host, args.port, token=token, max_batch=args.max_batch,
-                            max_body_bytes=int(args.max_body_mb * 1024 * 1024), ready=ready)
+                            max_body_bytes=int(args.max_body_mb * 1024 * 1024), read_timeout=args.read_timeout,
+                            ready=ready)
 
     try:
         asyncio.run(main())

@@ -7,7 +7,13 @@ job, plus everything added since) and answers ``POST /check``, ``POST /add``, ``
 Why it is correct under concurrency: the event loop runs one coroutine at a time, and the lookup
 plus insert of a whole request (:meth:`DedupService.apply`) is one synchronous call with no
 ``await`` inside, so it is atomic with respect to every other request; two near-identical
-documents arriving at the same moment are serialised and exactly one of them is "new".
+documents arriving at the same moment are serialised and exactly one of them is "new". Hashing
+comes before it and yields to the loop between slices of a batch: it is pure, so interleaving
+other requests with it changes no verdict.
+
+Why a bad request changes nothing: the whole body is parsed and validated
+(:func:`parse_request`) before anything is looked up, and ``apply`` is all or nothing: if the log
+append fails, the batch's inserts leave the index again.
 
 Why an acknowledged insert survives a crash: every insert is appended to a checksummed log
 (:class:`InsertLog`) inside that same synchronous call, and a response is sent only after the
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import hmac
 import ipaddress
@@ -28,12 +35,14 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import xxhash
+from aiohttp import web
 
 from dedup.lsh import band_hashes
 from dedup.normalize import fold_prepared, hashes_of_folded, prepare
@@ -46,6 +55,8 @@ DEFAULT_MAX_BATCH = 1024
 MAX_ID_CHARS = 1024
 MAX_NEAR_DUPLICATES = 10
 DOC_KEYS = frozenset({"id", "text"})
+DEFAULT_READ_TIMEOUT = 30.0
+FINGERPRINT_SLICE_CHARS = 512 * 1024  # about 15 ms of hashing: the longest one batch holds the event loop
 
 
 class BadRequest(Exception):
@@ -72,6 +83,9 @@ class _Rows:
             self._data = grown
         self._data[self.size : need] = rows
         self.size = need
+
+    def truncate(self, size: int) -> None:
+        self.size = size
 
     @property
     def view(self) -> np.ndarray:
@@ -166,6 +180,22 @@ class LiveIndex:
             self._added[band].setdefault(value, []).append(index)
         return index
 
+    def truncate(self, size: int) -> None:
+        """Take out every document inserted at position ``size`` or later: a batch whose log append failed."""
+        if size < self.base_count:
+            raise ValueError(f"cannot truncate to {size}: the base index holds {self.base_count} documents")
+        for index in range(len(self.ids) - 1, size - 1, -1):  # newest first: each is last in its buckets
+            for band, value in enumerate(self.bands.view[index].tolist()):
+                bucket = self._added[band][value]
+                bucket.pop()
+                if not bucket:
+                    del self._added[band][value]
+            if self.exact.get(self.content_hashes[index]) == index:
+                del self.exact[self.content_hashes[index]]
+        del self.ids[size:], self.content_hashes[size:], self.lengths[size:]
+        self.bands.truncate(size)
+        self.signatures.truncate(size)
+
     def to_table(self) -> SignatureTable:
         """Everything known, base and added, in the persisted index's shape."""
         return SignatureTable(
@@ -228,6 +258,7 @@ class InsertLog:
         self._file: Any = None
         self.written = 0
         self.durable = 0
+        self.broken: str | None = None  # why the log takes no more records, once it cannot
         self._syncing: asyncio.Future[None] | None = None
 
     def _header(self) -> bytes:
@@ -297,12 +328,35 @@ class InsertLog:
             )
 
     def append(self, records: Sequence[LogRecord]) -> int:
-        """Write records (not yet durable); returns the log offset a caller must :meth:`sync` to."""
+        """Write records (not yet durable); returns the log offset a caller must :meth:`sync` to.
+
+        All or nothing: a write that fails part-way (disk full, file size limit) is cut back off, since
+        a partial batch in the middle of the log would end every later replay there and lose the
+        records appended after it. If even the cut fails, the log takes no more records.
+        """
+        if self.broken:
+            raise LogError(self.broken)
         if records:
-            payload = b"".join(r.encode() for r in records)
-            self._file.write(payload)
+            payload = memoryview(b"".join(r.encode() for r in records))
+            try:
+                done = 0
+                while done < len(payload):  # an unbuffered file may take part of a write
+                    step = self._file.write(payload[done:])
+                    if not step:
+                        raise OSError(errno.ENOSPC, "the file took no bytes")
+                    done += step
+            except OSError as exc:
+                self._cut_back()
+                raise LogError(f"{self.path}: cannot append {len(records)} records ({exc})") from exc
             self.written += len(payload)
         return self.written
+
+    def _cut_back(self) -> None:
+        try:
+            self._file.truncate(self.written)
+        except OSError as exc:
+            self.broken = (f"{self.path}: a failed append could not be cut back ({exc}); restart the service "
+                           "to replay the intact records")
 
     async def sync(self, upto: int) -> None:
         """Return once everything up to ``upto`` is on disk; concurrent callers share one fsync."""
@@ -356,6 +410,27 @@ class Doc:
     doc_id: str | None
 
 
+@dataclass(frozen=True)
+class Fingerprints:
+    """What a batch is looked up by, one row per document: exact hashes, signatures, band hashes."""
+
+    digests: list[str]
+    signatures: np.ndarray
+    bands: np.ndarray
+
+
+def _slices(docs: Sequence[Doc], chars: int) -> Iterator[Sequence[Doc]]:
+    """Consecutive runs of ``docs`` holding about ``chars`` characters of text each (at least one document)."""
+    start, size = 0, 0
+    for end, doc in enumerate(docs, 1):
+        size += len(doc.text)
+        if size >= chars:
+            yield docs[start:end]
+            start, size = end, 0
+    if start < len(docs):
+        yield docs[start:]
+
+
 class DedupService:
     """The index, its log and the counters; transport-agnostic so tests and benchmarks can drive it."""
 
@@ -371,33 +446,40 @@ class DedupService:
             self.index.insert(record, band_hashes(record.signature[None, :], params.bands, params.rows)[0])
             self.counters.replayed += 1
 
-    def fingerprints(self, docs: Sequence[Doc]) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """Exact hashes, signatures and band hashes of a whole batch, before any lookup: a bad document
-        rejects the batch before anything is inserted."""
-        try:
-            data, offsets = prepare([d.text for d in docs], self.hasher.normalize)
-        except ValueError as exc:  # a lone surrogate that JSON let through
-            raise BadRequest(str(exc)) from None
-        digests = hashes_of_folded(*fold_prepared(data, offsets, self.hasher.normalize))
-        signatures = self.hasher.signatures_prepared(data, offsets)[0]
-        return digests, signatures, band_hashes(signatures, self.params.bands, self.params.rows)
+    async def fingerprints(self, docs: Sequence[Doc]) -> Fingerprints:
+        """Hash a batch in slices of about ``FINGERPRINT_SLICE_CHARS`` characters, yielding to the event
+        loop after each: hashing is pure, so it needs no exclusion, and other clients are served while a
+        large batch is hashed (the kernels hold the GIL, so a thread would not free the loop)."""
+        normalize = self.hasher.normalize
+        digests: list[str] = []
+        signatures: list[np.ndarray] = []
+        for part in _slices(docs, FINGERPRINT_SLICE_CHARS):
+            data, offsets = prepare([d.text for d in part], normalize)
+            digests += hashes_of_folded(*fold_prepared(data, offsets, normalize))
+            signatures.append(self.hasher.signatures_prepared(data, offsets)[0])
+            await asyncio.sleep(0)
+        matrix = np.concatenate(signatures)
+        return Fingerprints(digests, matrix, band_hashes(matrix, self.params.bands, self.params.rows))
 
-    def apply(self, docs: Sequence[Doc], add: bool) -> tuple[list[dict[str, Any]], int]:
-        """Check (and with ``add`` insert) a batch atomically; returns results and the log offset to sync.
+    def apply(self, docs: Sequence[Doc], prints: Fingerprints, add: bool) -> tuple[list[dict[str, Any]], int]:
+        """Look up (and with ``add`` insert) a fingerprinted batch; returns results and the log offset to sync.
 
         Synchronous on purpose: no other request can run between a document's lookup and its insert.
         With ``add``, documents of one batch are checked in order, each against the ones before it.
+        All or nothing: if the log append fails, the batch's inserts leave the index again and
+        :class:`LogError` is raised, so no document is in the index without its log record.
         """
-        digests, signatures, bands = self.fingerprints(docs)
+        before = len(self.index)
         results: list[dict[str, Any]] = []
         records: list[LogRecord] = []
         for i, doc in enumerate(docs):
-            exact, near = self.index.lookup(digests[i], bands[i], signatures[i])
+            digest = prints.digests[i]
+            exact, near = self.index.lookup(digest, prints.bands[i], prints.signatures[i])
             is_new = exact is None and not near
-            doc_id = doc.doc_id if doc.doc_id is not None else digests[i]
+            doc_id = doc.doc_id if doc.doc_id is not None else digest
             if add and is_new:
-                record = LogRecord(doc_id, digests[i], len(doc.text), signatures[i])
-                self.index.insert(record, bands[i])
+                record = LogRecord(doc_id, digest, len(doc.text), prints.signatures[i])
+                self.index.insert(record, prints.bands[i])
                 records.append(record)
             results.append(
                 {
@@ -408,19 +490,26 @@ class DedupService:
                     "near_duplicates": [
                         {"id": self.index.ids[j], "similarity": round(sim, 4)} for j, sim in near
                     ],
-                    "content_hash": digests[i],
+                    "content_hash": digest,
                 }
             )
-            self.counters.exact_duplicates += exact is not None
-            self.counters.near_duplicates += exact is None and bool(near)
-            self.counters.new += is_new
-        self.counters.checked += len(docs)
-        self.counters.added += len(records)
-        return results, self.log.append(records)
+        try:
+            durable_at = self.log.append(records)
+        except Exception:
+            self.index.truncate(before)
+            raise
+        c = self.counters
+        for r in results:
+            c.new += r["new"]
+            c.exact_duplicates += r["exact_duplicate_of"] is not None
+            c.near_duplicates += r["exact_duplicate_of"] is None and bool(r["near_duplicates"])
+        c.checked += len(docs)
+        c.added += len(records)
+        return results, durable_at
 
     async def handle(self, docs: Sequence[Doc], add: bool) -> list[dict[str, Any]]:
-        """:meth:`apply`, then wait until everything the answer relies on is durable."""
-        results, durable_at = self.apply(docs, add)
+        """Fingerprint, :meth:`apply`, then wait until everything the answer relies on is durable."""
+        results, durable_at = self.apply(docs, await self.fingerprints(docs), add)
         await self.log.sync(durable_at)
         return results
 
@@ -445,47 +534,98 @@ class DedupService:
 
 
 # -- request parsing ---------------------------------------------------------------------------
+_JSON_KINDS = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
+
+
+def _kind(value: Any) -> str:
+    """The JSON name of a parsed value's type, for reasons a client can read."""
+    return _JSON_KINDS[type(value)]
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """A client's string as a reason quotes it: never the whole of a long one."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: with a repeated key, which value counts is a guess."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        repeated = next(key for key, n in Counter(key for key, _ in pairs).items() if n > 1)
+        raise BadRequest(f"key {_short(repeated)} appears more than once in one object")
+    return obj
+
+
+def _no_constant(name: str) -> Any:
+    raise BadRequest(f"{name} is not a JSON value")
+
+
+def _check_unicode(value: str, where: str) -> None:
+    """Refuse what UTF-8 cannot encode: JSON escapes can spell lone surrogates, the log and hashes cannot."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest(f"{where} is not valid Unicode: lone surrogate at character {exc.start}") from None
+
+
 def _parse_doc(value: Any, where: str) -> Doc:
-    if not isinstance(value, Mapping):
-        raise BadRequest(f"{where} must be an object with a \"text\" string, not {type(value).__name__}")
-    unknown = set(value) - DOC_KEYS
+    if not isinstance(value, dict):
+        raise BadRequest(f"{where} must be an object with a \"text\" string, not {_kind(value)}")
+    unknown = sorted(set(value) - DOC_KEYS)
     if unknown:
-        raise BadRequest(f"{where} has unknown keys {sorted(unknown)}; allowed: {sorted(DOC_KEYS)}")
-    text = value.get("text")
+        raise BadRequest(f"{where} has unknown keys [{', '.join(map(_short, unknown[:5]))}]; "
+                         f"allowed: {sorted(DOC_KEYS)}")
+    if "text" not in value:
+        raise BadRequest(f"{where}.text is missing")
+    text = value["text"]
     if not isinstance(text, str):
-        raise BadRequest(f"{where}.text must be a string, not {type(text).__name__}")
+        raise BadRequest(f"{where}.text must be a string, not {_kind(text)}")
     doc_id = value.get("id")
     if doc_id is not None and (not isinstance(doc_id, str) or not doc_id or len(doc_id) > MAX_ID_CHARS):
         raise BadRequest(f"{where}.id must be a non-empty string of at most {MAX_ID_CHARS} characters")
+    _check_unicode(text, f"{where}.text")
+    if doc_id is not None:
+        _check_unicode(doc_id, f"{where}.id")
     return Doc(text, doc_id)
 
 
 def parse_request(body: bytes, max_batch: int, allow_add_flag: bool) -> tuple[list[Doc], bool]:
-    """Validate a check/add body: ``{"text", "id"?}`` or ``{"documents": [...]}``, plus ``"add"``."""
+    """Validate a whole check/add body before anything is looked up: ``{"text", "id"?}`` or
+    ``{"documents": [...]}``, plus ``"add"``. Strict JSON: UTF-8, no repeated keys, no NaN."""
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(body.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"body is not UTF-8: byte {exc.start} is invalid") from None
+    except RecursionError:
+        raise BadRequest("body is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # json.JSONDecodeError, or an integer too long to convert
         raise BadRequest(f"body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise BadRequest(f"body must be a JSON object, not {type(data).__name__}")
+        raise BadRequest(f"body must be a JSON object, not {_kind(data)}")
     add = data.pop("add", False) if allow_add_flag else False
     if not isinstance(add, bool):
-        raise BadRequest(f"\"add\" must be true or false, not {type(add).__name__}")
-    if "documents" in data:
-        if set(data) != {"documents"}:
-            raise BadRequest(f"with \"documents\" no other keys but \"add\" are allowed, got {sorted(data)}")
-        items = data["documents"]
-        if not isinstance(items, list):
-            raise BadRequest(f"\"documents\" must be a list, not {type(items).__name__}")
-        if not items:
-            raise BadRequest("\"documents\" is empty")
-        if len(items) > max_batch:
-            raise BadRequest(f"batch of {len(items)} documents exceeds the limit of {max_batch}", status=413)
-        return [_parse_doc(item, f"documents[{i}]") for i, item in enumerate(items)], add
-    return [_parse_doc(data, "body")], add
+        raise BadRequest(f"\"add\" must be true or false, not {_kind(add)}")
+    if "documents" not in data:
+        return [_parse_doc(data, "body")], add
+    if set(data) != {"documents"}:
+        others = sorted(set(data) - {"documents"})
+        raise BadRequest(f"with \"documents\" no other keys but \"add\" are allowed, got "
+                         f"[{', '.join(map(_short, others[:5]))}]")
+    items = data["documents"]
+    if not isinstance(items, list):
+        raise BadRequest(f"\"documents\" must be a list, not {_kind(items)}")
+    if not items:
+        raise BadRequest("\"documents\" is empty")
+    if len(items) > max_batch:
+        raise BadRequest(f"batch of {len(items)} documents exceeds the limit of {max_batch}", status=413)
+    return [_parse_doc(item, f"documents[{i}]") for i, item in enumerate(items)], add
 
 
 # -- HTTP --------------------------------------------------------------------------------------
+INTERNAL_ERROR = "internal error; the reason is in the server log"
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` only accepts connections from this machine."""
     if host == "localhost":
@@ -496,11 +636,43 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_token(token: str, source: str) -> str:
+    """``token`` if a client can send it in a header and it is not blank; ``source`` names where it came from."""
+    if not token.strip():
+        raise ValueError(f"{source}: the bearer token is blank")
+    if not (token.isascii() and token.isprintable()) or any(c.isspace() for c in token):
+        raise ValueError(f"{source}: the bearer token must be printable ASCII without spaces")
+    return token
+
+
 def check_bind(host: str, token: str | None) -> None:
     """The safety rule: anything but loopback needs a bearer token."""
     if not is_loopback(host) and not token:
         raise ValueError(f"refusing to bind {host} without a bearer token: set GRISTMILL_SERVICE_TOKEN "
                          "or pass --token-file")
+
+
+def _one_line(text: str) -> str:
+    """aiohttp's multi-line parser messages as one line of a JSON reason."""
+    return " ".join(text.split())
+
+
+def _error(status: int, reason: str) -> web.Response:
+    return web.json_response({"error": reason}, status=status)
+
+
+async def _read_body(request: web.Request, max_body_bytes: int, read_timeout: float) -> bytes:
+    """The whole body, or a :class:`BadRequest` for one too large, malformed or too slow to arrive."""
+    if (request.content_length or 0) > max_body_bytes:  # refused before waiting for bytes never used
+        raise BadRequest(f"body of {request.content_length} bytes exceeds the limit of {max_body_bytes}", 413)
+    try:
+        return await asyncio.wait_for(request.read(), read_timeout)
+    except asyncio.TimeoutError:
+        raise BadRequest(f"the body did not arrive within {read_timeout:g} s", 408) from None
+    except web.HTTPRequestEntityTooLarge:  # chunked or compressed: found while reading
+        raise BadRequest(f"body exceeds the limit of {max_body_bytes} bytes", 413) from None
+    except web.RequestPayloadError as exc:  # a bad chunk or compressed stream
+        raise BadRequest(f"cannot read the body: {_one_line(str(exc))}") from None
 
 
 def make_app(
@@ -509,14 +681,14 @@ def make_app(
     token: str | None = None,
     max_batch: int = DEFAULT_MAX_BATCH,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-) -> Any:
-    """The aiohttp application; ``token`` (when set) is required on every route but ``/healthz``."""
-    from aiohttp import web
+    read_timeout: float = DEFAULT_READ_TIMEOUT,
+) -> web.Application:
+    """The aiohttp application; ``token`` (when set) is required on every route but ``/healthz``.
 
-    expected = f"Bearer {token}".encode() if token else None
-
-    def error(status: int, reason: str) -> web.Response:
-        return web.json_response({"error": reason}, status=status)
+    Every answer is JSON: client errors carry a reason, and anything unexpected is a 500 whose
+    traceback goes to the server log.
+    """
+    expected = f"Bearer {check_token(token, 'token')}".encode() if token is not None else None
 
     @web.middleware
     async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -525,20 +697,28 @@ def make_app(
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 service.counters.bad_requests += 1
-                response = error(401, "missing or wrong bearer token")
+                response = _error(401, "missing or wrong bearer token")
                 response.headers["WWW-Authenticate"] = "Bearer"
                 return response
         try:
             return await handler(request)
         except BadRequest as exc:
             service.counters.bad_requests += 1
-            return error(exc.status, str(exc))
-        except web.HTTPException as exc:  # 404, 405, 413 from aiohttp itself: answer in JSON too
+            return _error(exc.status, str(exc))
+        except web.HTTPException as exc:  # 404 and 405 from the router: answer in JSON too
             service.counters.bad_requests += exc.status < 500
-            return error(exc.status, exc.reason)
+            return _error(exc.status, exc.reason)
+        except LogError as exc:
+            log.error("%s %s: %s", request.method, request.path, exc)
+            return _error(503, "the insert log cannot be written, so nothing of this request was inserted")
+        except ConnectionError:
+            raise  # the client went away: nobody to answer
+        except Exception:
+            log.exception("%s %s failed", request.method, request.path)
+            return _error(500, INTERNAL_ERROR)
 
     async def check_or_add(request: web.Request, add_route: bool) -> web.Response:
-        body = await request.read()
+        body = await _read_body(request, max_body_bytes, read_timeout)
         docs, add = parse_request(body, max_batch, allow_add_flag=not add_route)
         results = await service.handle(docs, add or add_route)
         return web.json_response({"results": results})
@@ -555,12 +735,31 @@ def make_app(
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "documents": len(service.index)})
 
+    async def json_errors(request: web.Request, response: web.StreamResponse) -> None:
+        """An error aiohttp answers before the middleware runs (an ``Expect`` it does not know) is JSON too."""
+        if response.status >= 400 and isinstance(response, web.Response) and response.content_type != "application/json":
+            response.text = json.dumps({"error": response.text or response.reason})
+            response.content_type = "application/json"
+
     app = web.Application(middlewares=[guard], client_max_size=max_body_bytes)
+    app.on_response_prepare.append(json_errors)
     app.router.add_post("/check", check)
     app.router.add_post("/add", add)
     app.router.add_get("/stats", stats)
     app.router.add_get("/healthz", healthz)
     return app
+
+
+class _Connection(web.RequestHandler):
+    """aiohttp's handler of one connection, answering what its HTTP parser refuses in JSON as well."""
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs; refuses once a response has started
+        reason = f"malformed HTTP request: {_one_line(message)}" if status < 500 and message else INTERNAL_ERROR
+        response = _error(status, reason)
+        response.force_close()
+        return response
 
 
 async def serve_forever(
@@ -571,23 +770,33 @@ async def serve_forever(
     token: str | None = None,
     max_batch: int = DEFAULT_MAX_BATCH,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    read_timeout: float = DEFAULT_READ_TIMEOUT,
     ready: Any = None,
 ) -> None:
-    """Bind, report the bound address through ``ready(url)``, and serve until cancelled."""
-    from aiohttp import web
+    """Bind, report the bound address through ``ready(url)``, and serve until cancelled.
 
+    ``read_timeout`` bounds every wait on a client: a connection without a complete request head
+    that long after it opened (or after its last answer) is closed, a body not complete that long
+    after its head gets 408, and the rest of a refused body is read for at most that long.
+    """
     check_bind(host, token)
-    app = make_app(service, token=token, max_batch=max_batch, max_body_bytes=max_body_bytes)
-    runner = web.AppRunner(app, access_log=None)
+    app = make_app(service, token=token, max_batch=max_batch, max_body_bytes=max_body_bytes,
+                   read_timeout=read_timeout)
+    runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    port = runner.addresses[0][1]  # port 0 picks a free port; report the real one
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: _Connection(runner.server, loop=loop, access_log=None, keepalive_timeout=read_timeout,
+                            lingering_time=read_timeout),
+        host, port,
+    )
+    port = server.sockets[0].getsockname()[1]  # port 0 picks a free port; report the real one
     if ready is not None:
         ready(f"http://{host if ':' not in host else f'[{host}]'}:{port}")
     try:
         await asyncio.Event().wait()
     finally:
+        server.close()
         with contextlib.suppress(Exception):
             await runner.cleanup()
         service.log.close()

@@ -16,7 +16,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -58,14 +58,15 @@ class Server:
             self.proc.wait(timeout=20)
 
 
-def start_server(state: Path, *args: str, env: dict[str, str] | None = None) -> Server:
+def start_server(state: Path, *args: str, env: dict[str, str] | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> Server:
     """Start ``gristmill serve --port 0`` and wait for the line naming the bound address."""
     stderr_path = state.parent / f"{state.name}-stderr.txt"
     with open(stderr_path, "ab") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline.cli", "serve", "--port", "0", "--state", str(state), *args],
             cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **(env or {})}, preexec_fn=preexec_fn,
         )
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -152,9 +153,9 @@ def test_concurrent_near_identical_adds_yield_exactly_one_new(server: Server) ->
 
 BAD_BODIES = [
     (b"{", "not valid JSON"),
-    (b"\xff\xfe", "not valid JSON"),
+    (b"\xff\xfe", "body is not UTF-8: byte 0"),
     (b"[1, 2]", "must be a JSON object"),
-    (b'{"id": "x"}', "body.text must be a string"),
+    (b'{"id": "x"}', "body.text is missing"),
     (b'{"text": 5}', "body.text must be a string"),
     (b'{"text": "a", "id": 7}', "body.id must be a non-empty string"),
     (b'{"text": "a", "id": ""}', "body.id must be a non-empty string"),
@@ -165,6 +166,7 @@ BAD_BODIES = [
     (b'{"documents": [{"text": "a"}], "extra": 1}', "no other keys"),
     (b'{"text": "a", "add": "yes"}', '"add" must be true or false'),
     (b'{"text": "\\ud800"}', "not valid Unicode"),
+    (b'{"text": "a text never seen", "id": "\\udc00", "add": true}', "body.id is not valid Unicode"),
 ]
 
 
