@@ -751,7 +751,36 @@ def make_app(
 
 
 class _Connection(web.RequestHandler):
-    """aiohttp's handler of one connection, answering what its HTTP parser refuses in JSON as well."""
+    """aiohttp's handler of one connection, which also answers what its HTTP parser refuses in JSON
+    and closes the connection if its first request head is not complete ``head_timeout`` after it
+    opened. aiohttp's keep-alive timer bounds the wait for every later head; only from 3.14.4 on
+    does it also start with the connection, and before that a client sending nothing, or half a
+    head, held its connection forever.
+    """
+
+    def __init__(self, *args: Any, head_timeout: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timeout = head_timeout
+        self._head_deadline: asyncio.TimerHandle | None = None
+        self._head_tail = b""  # the last bytes received, for a head end split across two reads
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._head_deadline = asyncio.get_running_loop().call_later(self._head_timeout, self.force_close)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_deadline is not None:
+            seen = self._head_tail + data
+            if b"\n\r\n" in seen or b"\n\n" in seen:  # the blank line that ends a head
+                self._head_deadline.cancel()
+                self._head_deadline = None
+            self._head_tail = seen[-2:]
+        super().data_received(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+        super().connection_lost(exc)
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -786,8 +815,8 @@ async def serve_forever(
     await runner.setup()
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: _Connection(runner.server, loop=loop, access_log=None, keepalive_timeout=read_timeout,
-                            lingering_time=read_timeout),
+        lambda: _Connection(runner.server, loop=loop, access_log=None, head_timeout=read_timeout,
+                            keepalive_timeout=read_timeout, lingering_time=read_timeout),
         host, port,
     )
     port = server.sockets[0].getsockname()[1]  # port 0 picks a free port; report the real one
