@@ -6,6 +6,20 @@ truncated stream or a corrupt Parquet file is accounted for and never stops the 
 grouped into :class:`Split` s (deterministic: sorted names, a byte budget per split) that the job
 processes in parallel; a document's key is ``split << 32 | ordinal``, so key order is input order
 whatever the split size.
+
+How damage is counted (the job's identity kept + exact + near + rejected = input rests on it):
+
+- A record whose decoding fails in any way is one reject at its position; reading goes on with the
+  next record (JSONL: the next line; Parquet: the next row or row group; WARC: the next line that
+  starts a record, so a damaged record never merges into its neighbour).
+- A compressed stream that ends without its proper end (a truncated .gz or .zst) or breaks off
+  (corrupt data) keeps the records read whole before the damage; the unreadable rest is one
+  ``corrupt`` reject naming the last line (or byte offset) read whole.
+- A WARC record is checked against its Content-Length, the empty lines that must follow it, and its
+  WARC-Block-Digest / WARC-Payload-Digest when present; a record that fails is one ``corrupt`` reject.
+- A Parquet row group that cannot be decoded counts its rows; a file whose footer cannot be read, or
+  a file that cannot be opened at all, is one reject for the file: a corpus shard counts the rows its
+  manifest lists, any other file counts one (its record count is unknown, and the reason says so).
 """
 
 from __future__ import annotations
@@ -15,9 +29,10 @@ import gzip
 import io
 import json
 import posixpath
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import Any, BinaryIO, NamedTuple
 from urllib.parse import urlsplit
 
 import fsspec
@@ -32,6 +47,11 @@ KEY_BITS = 32  # ordinal bits of a document key; a split holds at most 2**32 rec
 
 
 REJECT_KINDS = ("invalid_utf8", "empty", "over_size_cap", "unparseable", "corrupt", "unsupported")
+WARC_DOCUMENT_TYPES = ("response", "resource", "conversion")
+# The other record types of WARC 1.1: skipped, not counted. A type outside both lists (perhaps a
+# damaged header) is an "unsupported" reject, so damage to the type never drops a record unseen.
+WARC_OTHER_TYPES = ("warcinfo", "request", "metadata", "revisit", "continuation")
+FIELDS_SHOWN = 10  # field names a "no text field" reason lists
 
 
 class InputError(Exception):
@@ -47,6 +67,13 @@ class InputFile:
     compression: str | None
     size: int
     origin: str
+    rows: int | None = None  # the rows a corpus manifest lists for this shard; None for other files
+
+    @cached_property
+    def source(self) -> str:
+        """The URL as text for the source and reject columns: a file name's bytes that are not UTF-8
+        are shown escaped (the text columns cannot hold them, and one such name stopped the job)."""
+        return _printable(self.url)
 
 
 @dataclass(frozen=True)
@@ -84,6 +111,10 @@ class Reject:
     reason: str
     bytes: int
     count: int = 1  # documents it stands for (a corrupt row group stands for all its rows)
+
+    def __post_init__(self) -> None:
+        # the reason may quote hostile input (field names, header lines): keep every column writable
+        self.source, self.reason = _printable(self.source), _printable(self.reason)
 
 
 @dataclass(frozen=True)
@@ -126,18 +157,19 @@ def resolve_inputs(inputs: Sequence[str], storage_options: Mapping[str, Any] | N
         paths = _expand(fs, spec, storage_options)
         if not paths:
             raise InputError(f"{spec}: matches no Parquet, JSONL or WARC file")
-        for path, size in paths:
+        for path, size, rows in paths:
             kind = classify(path)
             if kind is None:
                 continue
             url = prefix + path if prefix and not path.startswith(prefix) else path
-            found.setdefault(url, InputFile(url, kind[0], kind[1], size, spec))
+            found.setdefault(url, InputFile(url, kind[0], kind[1], size, _printable(spec), rows))
     return [found[url] for url in sorted(found)]
 
 
 def _expand(fs: fsspec.AbstractFileSystem, spec: str,
-            storage_options: Mapping[str, Any] | None) -> list[tuple[str, int]]:
-    """(path, size) of every candidate file an INPUT names; a corpus folder yields its manifest's shards."""
+            storage_options: Mapping[str, Any] | None) -> list[tuple[str, int, int | None]]:
+    """(path, size, manifest rows) of every candidate file an INPUT names; a corpus folder yields its
+    manifest's shards with their row counts, so a shard that is gone still counts its rows."""
     _, path = fsspec.core.url_to_fs(spec, **dict(storage_options or {}))
     if fs.isdir(path):
         if fs.exists(posixpath.join(path, MANIFEST_NAME)):
@@ -145,16 +177,16 @@ def _expand(fs: fsspec.AbstractFileSystem, spec: str,
                 corpus = Corpus.open(spec, storage_options)
             except CorpusError as exc:
                 raise InputError(str(exc)) from None
-            return [(corpus.shard_path(s), s.bytes) for s in corpus.shards]
-        return [(p, int(info.get("size") or 0)) for p, info in fs.find(path, detail=True).items()
+            return [(corpus.shard_path(s), s.bytes, s.rows) for s in corpus.shards]
+        return [(p, int(info.get("size") or 0), None) for p, info in fs.find(path, detail=True).items()
                 if classify(p) is not None]
     if any(ch in path for ch in "*?["):
-        return [(p, int(info.get("size") or 0)) for p, info in fs.glob(path, detail=True).items()
+        return [(p, int(info.get("size") or 0), None) for p, info in fs.glob(path, detail=True).items()
                 if info.get("type") != "directory"]
     if fs.exists(path):
         if classify(path) is None:
             raise InputError(f"{spec}: not a Parquet, JSONL (.jsonl/.gz/.zst) or WARC (.warc/.warc.gz) file")
-        return [(path, int(fs.size(path) or 0))]
+        return [(path, int(fs.size(path) or 0), None)]
     return []
 
 
@@ -176,24 +208,62 @@ def plan_splits(files: Sequence[InputFile], split_bytes: int, first_index: int =
 
 def generated_id(url: str, position: str) -> str:
     """A stable id for a document whose input has none: a hash of where it came from."""
-    return xxhash.xxh3_64_hexdigest(f"{url}#{position}".encode())
+    return xxhash.xxh3_64_hexdigest(f"{url}#{position}".encode("utf-8", "surrogatepass"))
 
 
 def domain_of(url: str | None) -> str | None:
     if not url or "://" not in url:
         return None
-    host = urlsplit(url).hostname
+    try:
+        host = urlsplit(url).hostname
+    except ValueError:  # e.g. "http://[::1": an unbalanced IPv6 bracket
+        return None
     return host.lower() if host else None
 
 
 def read_file(item: InputFile, options: ReadOptions,
               storage_options: Mapping[str, Any] | None = None) -> Iterator[Doc | Reject]:
-    """Every record of one file, as documents or rejects; never raises for bad content."""
+    """Every record of one file, as documents or rejects; never raises for bad content.
+
+    The readers isolate each record; what still escapes them (the file cannot be opened, or fails
+    between records) ends the file with one reject for what was not read.
+    """
     readers = {"jsonl": _read_jsonl, "parquet": _read_parquet, "warc": _read_warc}
+    accounted = 0
     try:
-        yield from readers[item.kind](item, options, storage_options)
-    except (OSError, ValueError) as exc:  # unreadable file (missing, permission): one reject for it all
-        yield Reject(item.url, "file", "corrupt", f"unreadable file ({type(exc).__name__}: {exc})", item.size)
+        for record in readers[item.kind](item, options, storage_options):
+            accounted += record.count if isinstance(record, Reject) else 1
+            yield record
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the job goes on with the next file
+        if accounted:
+            yield _file_reject(item, f"after record {accounted}", "corrupt",
+                               f"reading stopped ({_describe(exc)}); the rest of the file is lost", 0, accounted)
+        else:
+            yield _file_reject(item, "file", "corrupt", f"unreadable file ({_describe(exc)})", item.size)
+
+
+def _file_reject(item: InputFile, position: str, kind: str, reason: str, size: int, accounted: int = 0) -> Reject:
+    """One reject for a whole file, or the unread rest of one: a corpus shard counts the rows its
+    manifest lists (less those already accounted for); another file's record count is unknown."""
+    if item.rows is None:
+        return Reject(item.source, position, kind, f"{reason}; its record count is unknown, counted as one", size)
+    rest = max(item.rows - accounted, 0)
+    return Reject(item.source, position, kind, f"{reason}; counts {rest} of the {item.rows} rows its manifest lists",
+                  size, count=rest)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _printable(text: str) -> str:
+    """``text`` with what UTF-8 cannot hold (lone surrogates, undecodable file-name bytes) escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _failed(item: InputFile, position: str, exc: Exception, size: int) -> Reject:
+    """The reject for a record whose decoding raised what no specific check foresaw."""
+    return Reject(item.source, position, "unparseable", f"unparseable record ({_describe(exc)})", size)
 
 
 def _check(doc: Doc, raw_bytes: int, options: ReadOptions) -> Doc | Reject:
@@ -205,73 +275,209 @@ def _check(doc: Doc, raw_bytes: int, options: ReadOptions) -> Doc | Reject:
     return doc
 
 
-def _parse_time(value: Any) -> _dt.datetime | None:
-    if value is None or isinstance(value, _dt.datetime):
-        return value
+def _encodable(text: str) -> bool:
     try:
-        parsed = _dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in JSON), which no text column can hold
+        return False
+    return True
+
+
+def _parse_time(value: Any) -> _dt.datetime | None:
+    """A UTC time, or None for what is not one (or cannot be one in UTC, like year 9999 at -23:59)."""
+    if value is None:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=_dt.timezone.utc)
+    try:
+        parsed = value if isinstance(value, _dt.datetime) else _dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        return parsed.astimezone(_dt.timezone.utc) if parsed.tzinfo else parsed.replace(tzinfo=_dt.timezone.utc)
+    except (ValueError, OverflowError):
+        return None
 
 
 def _optional_str(value: Any) -> str | None:
-    return None if value is None else str(value)
+    if value is None or isinstance(value, str):
+        return value
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+# -- compressed streams ------------------------------------------------------------------------
+_ZSTD_READ_BYTES = 128 * 1024  # compressed bytes decoded at a time
+_STREAM_BUFFER_BYTES = 256 * 1024
+
+
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of concatenated zstd frames; EOFError where the input ends inside a frame.
+
+    ``zstandard``'s stream reader ends quietly there, so a truncated .zst lost its tail (often all of
+    it: a frame's blocks decode only whole) and was counted as 0 documents and 0 rejects.
+    """
+
+    def __init__(self, source: BinaryIO) -> None:
+        import zstandard
+
+        self._source = source
+        self._decompressor = zstandard.ZstdDecompressor()
+        self._frame: Any = None  # the decoder of the frame being read; None between frames
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            compressed = self._source.read(_ZSTD_READ_BYTES)
+            if not compressed:
+                if self._frame is not None:
+                    raise EOFError("the zstd stream ends inside a frame")
+                return 0
+            self._pending = memoryview(self._decompress(compressed))
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def _decompress(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            if self._frame is None:
+                self._frame = self._decompressor.decompressobj()
+            out.append(self._frame.decompress(data))
+            if not self._frame.eof:
+                break
+            data, self._frame = self._frame.unused_data, None
+        return b"".join(out)
+
+
+def _decompressed(item: InputFile, raw: BinaryIO) -> tuple[BinaryIO, str | None]:
+    """The file's bytes, decompressed, and the compression used; a stream that ends early or breaks off
+    raises while it is read. The first bytes can add what the name does not say (a gzipped .warc, as
+    warcio read it)."""
+    head = raw.read(4)
+    raw.seek(0)
+    compression = "gzip" if head.startswith(b"\x1f\x8b") else "zstd" if head == b"\x28\xb5\x2f\xfd" else item.compression
+    if compression and not head:  # gzip reads an empty file as empty content; no compressor writes one
+        raise EOFError(f"empty file: no {compression} header")
+    if compression == "gzip":
+        return gzip.GzipFile(fileobj=raw), compression
+    if compression == "zstd":
+        return io.BufferedReader(_ZstdFrames(raw), _STREAM_BUFFER_BYTES), compression
+    return raw, None
+
+
+# -- JSONL -------------------------------------------------------------------------------------
 def _read_jsonl(item: InputFile, options: ReadOptions,
                 storage_options: Mapping[str, Any] | None) -> Iterator[Doc | Reject]:
-    import zstandard
-
-    lineno = 0
+    lineno, compression = 0, item.compression
     with fsspec.open(item.url, "rb", **dict(storage_options or {})) as raw_handle:
-        if item.compression == "gzip":
-            handle: Any = gzip.GzipFile(fileobj=raw_handle)
-        elif item.compression == "zstd":
-            handle = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw_handle))
-        else:
-            handle = raw_handle
         try:
-            for lineno, raw in enumerate(handle, 1):  # noqa: B007 - lineno is used after the loop
-                yield _jsonl_record(item, lineno, raw, options)
-        except (EOFError, OSError, zstandard.ZstdError) as exc:
-            yield Reject(item.url, f"line {lineno + 1}", "corrupt",
-                         f"truncated or corrupt {item.compression or 'file'} stream after line {lineno} "
-                         f"({type(exc).__name__}: {exc}); the rest of the file is lost", 0)
+            stream, compression = _decompressed(item, raw_handle)
+            for lineno, raw in enumerate(stream, 1):  # noqa: B007 - used after the loop
+                try:
+                    record = _jsonl_record(item, lineno, raw, options)
+                except Exception as exc:  # noqa: BLE001 - one line's failure rejects that line only
+                    record = _failed(item, f"line {lineno}", exc, len(raw))
+                yield record
+        except Exception as exc:  # noqa: BLE001 - the stream itself: truncated, corrupt or unreadable
+            yield Reject(item.source, f"line {lineno + 1}", "corrupt",
+                         f"truncated or corrupt {compression or 'file'} stream after line {lineno}, the last "
+                         f"line read whole ({_describe(exc)}); the rest of the file is lost", 0)
+
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+               float: "a number", type(None): "null"}
 
 
 def _jsonl_record(item: InputFile, lineno: int, raw: bytes, options: ReadOptions) -> Doc | Reject:
     position = f"line {lineno}"
     if not raw.strip():
-        return Reject(item.url, position, "empty", "empty line", len(raw))
+        return Reject(item.source, position, "empty", "empty line", len(raw))
     try:
         record = orjson.loads(raw)  # a third of json's time; it also checks the UTF-8
     except orjson.JSONDecodeError:
-        # what orjson refuses (bad bytes, lone surrogates, huge integers, NaN) the standard library
-        # classifies, so every line is judged as before
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            return Reject(item.url, position, "invalid_utf8", f"invalid UTF-8 at byte {exc.start}", len(raw))
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            return Reject(item.url, position, "unparseable", f"unparseable line ({exc.msg} at column {exc.colno})",
-                          len(raw))
+        record = _json_fallback(item, position, raw, options)
+        if isinstance(record, Reject):
+            return record
     if not isinstance(record, dict):
-        return Reject(item.url, position, "unparseable", "unparseable line (not a JSON object)", len(raw))
+        return Reject(item.source, position, "unparseable",
+                      f"unparseable line ({_JSON_TYPES.get(type(record), 'a value')}, not a JSON object)", len(raw))
     text = record.get(options.text_column)
     if not isinstance(text, str):
-        return Reject(item.url, position, "unparseable", f"unparseable line (no string {options.text_column!r} field)", len(raw))
+        return Reject(item.source, position, "unparseable", _no_text_reason(record, options.text_column), len(raw))
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:  # JSON may escape lone surrogates ("\ud800"), which are not text
-        return Reject(item.url, position, "invalid_utf8", f"invalid Unicode in text ({exc.reason} at {exc.start})",
+        return Reject(item.source, position, "invalid_utf8", f"invalid Unicode in text ({exc.reason} at {exc.start})",
                       len(raw))
     return _check(_record_doc(item, position, text, record.get("url"), record, options), size, options)
 
 
+def _json_fallback(item: InputFile, position: str, raw: bytes, options: ReadOptions) -> Any:
+    """A line orjson refuses (bad bytes, lone surrogates, huge integers, NaN, deep nesting), judged by
+    the standard library: its value, or the reject saying why it is not one."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Reject(item.source, position, "invalid_utf8", f"invalid UTF-8 at byte {exc.start}", len(raw))
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return Reject(item.source, position, "unparseable", f"unparseable line ({exc.msg} at column {exc.colno})",
+                      len(raw))
+    except RecursionError:
+        return Reject(item.source, position, "unparseable", "unparseable line (nested too deeply)", len(raw))
+    except ValueError as exc:  # an integer of more than 4300 digits
+        return Reject(item.source, position, "unparseable", f"unparseable line ({_describe(exc)})", len(raw))
+    for name in (options.id_column, "url", "domain", "language") if isinstance(record, dict) else ():
+        value = record.get(name)  # json lets lone surrogates ("\ud800") in; no text column can hold them
+        if isinstance(value, str) and not _encodable(value):
+            return Reject(item.source, position, "invalid_utf8", f"invalid Unicode in the {name!r} field", len(raw))
+    return record
+
+
+def _no_text_reason(record: Mapping[str, Any], text_column: str) -> str:
+    """Why a record has no text, naming the fields it does have (a run that rejects everything
+    prints them as a hint for ``--text-column``)."""
+    if text_column in record:
+        kind = _JSON_TYPES.get(type(record[text_column]), "a value")
+        return f"{text_column!r} field is {kind}, not a string"
+    return f"no {text_column!r} field ({_names_found(record)})"
+
+
+def _names_found(names: Iterable[str]) -> str:
+    """"has: a, b, c" for the fields or columns a record has (sorted, the first FIELDS_SHOWN)."""
+    found = sorted(names)
+    shown = ", ".join(name if len(name) <= 40 else name[:40] + "…" for name in found[:FIELDS_SHOWN])
+    more = f", and {len(found) - FIELDS_SHOWN} more" if len(found) > FIELDS_SHOWN else ""
+    return f"has: {shown}{more}" if found else "has no fields"
+
+
+def _record_doc(item: InputFile, position: str, text: str, url: Any, fields: Mapping[str, Any],
+                options: ReadOptions) -> Doc:
+    """A document from one JSONL record or Parquet row: its URL (else the file) is the source."""
+    url = _optional_str(url)
+    return Doc(
+        id=_optional_str(fields.get(options.id_column)),
+        text=text,
+        source=url or item.source,
+        domain=_optional_str(fields.get("domain")) or domain_of(url),
+        language=_optional_str(fields.get("language")),
+        fetch_time=_parse_time(fields.get("fetch_time")),
+        position=position,
+    )
+
+
+# -- Parquet -----------------------------------------------------------------------------------
 _PARQUET_EXTRA = ("url", "final_url", "source", "domain", "language", "fetch_time")
+
+
+def _is_text_type(arrow_type: Any) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    return any(check(arrow_type) for check in (
+        pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view, pa.types.is_binary,
+        pa.types.is_large_binary, pa.types.is_binary_view, pa.types.is_fixed_size_binary))
 
 
 def _read_parquet(item: InputFile, options: ReadOptions,
@@ -281,87 +487,253 @@ def _read_parquet(item: InputFile, options: ReadOptions,
 
     with fsspec.open(item.url, "rb", **dict(storage_options or {})) as handle:
         try:
-            parquet = pq.ParquetFile(handle)
-        except (pa.ArrowException, OSError) as exc:
-            yield Reject(item.url, "file", "corrupt", f"corrupt Parquet file ({type(exc).__name__}: {exc})", item.size)
+            parquet = pq.ParquetFile(handle, page_checksum_verification=True)  # CRCs where written
+            metadata, names = parquet.metadata, parquet.schema_arrow.names
+            text_type = parquet.schema_arrow.field(options.text_column).type if options.text_column in names else None
+        except Exception as exc:  # noqa: BLE001 - a footer that cannot be read, whatever pyarrow raises
+            yield _file_reject(item, "file", "corrupt", f"corrupt Parquet file ({_describe(exc)})", item.size)
             return
-        names = parquet.schema_arrow.names
-        if options.text_column not in names:
-            yield Reject(item.url, "file", "unparseable", f"Parquet file has no {options.text_column!r} column "
-                                           f"(columns: {', '.join(names)})", item.size)
+        group_rows = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+        if sum(group_rows) != metadata.num_rows or min(group_rows, default=0) < 0:
+            yield _file_reject(item, "file", "corrupt", f"corrupt Parquet footer (its row groups hold {sum(group_rows)} "
+                               f"rows, the file {metadata.num_rows})", item.size)
+            return
+        if item.rows is not None and metadata.num_rows != item.rows:
+            yield _file_reject(item, "file", "corrupt", f"the shard holds {metadata.num_rows} rows", item.size)
+            return
+        if text_type is None or not _is_text_type(text_type):
+            reason = (f"no {options.text_column!r} column ({_names_found(names)})"
+                      if text_type is None else f"the {options.text_column!r} column is {text_type}, not text")
+            yield Reject(item.source, "file", "unparseable", reason, item.size, count=metadata.num_rows)
             return
         wanted = [c for c in dict.fromkeys([options.text_column, options.id_column, *_PARQUET_EXTRA]) if c in names]
         row = 0
-        for group in range(parquet.metadata.num_row_groups):
-            rows = parquet.metadata.row_group(group).num_rows
+        for group, rows in enumerate(group_rows):
             try:
-                table = parquet.read_row_group(group, columns=wanted)
+                # no threads: threaded reads through a Python file object abort the process now and
+                # then (apache/arrow#34314); the job's parallelism is across splits anyway
+                table = parquet.read_row_group(group, columns=wanted, use_threads=False)
+                if table.num_rows != rows:
+                    raise ValueError(f"{table.num_rows} rows decoded where the footer says {rows}")
                 texts = table.column(options.text_column).cast(pa.binary()).to_pylist()
-                columns = {c: table.column(c).to_pylist() for c in wanted if c != options.text_column}
-            except (pa.ArrowException, OSError, ValueError) as exc:
-                yield Reject(item.url, f"row group {group} (rows {row}-{row + rows - 1})", "corrupt",
-                             f"corrupt Parquet row group ({type(exc).__name__}: {exc})",
-                             parquet.metadata.row_group(group).total_byte_size, count=rows)
+                columns = {c: _python_values(table.column(c)) for c in wanted if c != options.text_column}
+            except Exception as exc:  # noqa: BLE001 - a damaged row group costs its rows, not the file
+                yield Reject(item.source, f"row group {group} (rows {row}-{row + rows - 1})", "corrupt",
+                             f"corrupt Parquet row group ({_describe(exc)})",
+                             metadata.row_group(group).total_byte_size, count=rows)
                 row += rows
                 continue
             for offset, raw in enumerate(texts):
-                yield _parquet_record(item, row + offset, raw, {c: v[offset] for c, v in columns.items()}, options)
+                try:
+                    record = _parquet_record(item, row + offset, raw, {c: v[offset] for c, v in columns.items()},
+                                             options)
+                except Exception as exc:  # noqa: BLE001 - one row's failure rejects that row only
+                    record = _failed(item, f"row {row + offset}", exc, len(raw or b""))
+                yield record
             row += rows
+
+
+def _python_values(column: Any) -> list[Any]:
+    """A column's values; a string column holding bytes that are not UTF-8 (a flipped byte: Parquet
+    readers do not check) gives bytes, which become text with replacement characters, so one bad
+    value in a side column costs no document."""
+    import pyarrow as pa
+
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        return column.cast(pa.binary()).to_pylist()
 
 
 def _parquet_record(item: InputFile, row: int, raw: bytes | None, values: Mapping[str, Any],
                     options: ReadOptions) -> Doc | Reject:
     position = f"row {row}"
     if raw is None:
-        return Reject(item.url, position, "empty", "null text", 0)
+        return Reject(item.source, position, "empty", "null text", 0)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return Reject(item.url, position, "invalid_utf8", f"invalid UTF-8 at byte {exc.start}", len(raw))
+        return Reject(item.source, position, "invalid_utf8", f"invalid UTF-8 at byte {exc.start}", len(raw))
     url = values.get("final_url") or values.get("url") or values.get("source")
     return _check(_record_doc(item, position, text, url, values, options), len(raw), options)
 
 
-def _record_doc(item: InputFile, position: str, text: str, url: Any, fields: Mapping[str, Any],
-                options: ReadOptions) -> Doc:
-    """A document from one JSONL record or Parquet row: its URL (else the file) is the source."""
-    return Doc(
-        id=_optional_str(fields.get(options.id_column)),
-        text=text,
-        source=str(url) if url else item.url,
-        domain=_optional_str(fields.get("domain")) or domain_of(url),
-        language=_optional_str(fields.get("language")),
-        fetch_time=_parse_time(fields.get("fetch_time")),
-        position=position,
-    )
+# -- WARC --------------------------------------------------------------------------------------
+_WARC_LINE_BYTES = 64 * 1024  # a longer header line is damage
+_WARC_HEADER_LINES = 1000
+_WARC_CHUNK_BYTES = 256 * 1024
+
+
+class _WarcStream:
+    """A WARC byte stream handed out as lines and blocks, which takes bytes back: the block of a record
+    whose framing turns out wrong is searched for the next record instead of being skipped whole.
+    ``offset`` counts the bytes handed out (in the decompressed stream)."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        # read1: one read of a decompressing stream that hits damage loses what it decoded before
+        self._read = getattr(stream, "read1", stream.read)
+        self._buffer = bytearray()
+        self.offset = 0
+
+    def _fill(self) -> bool:
+        chunk = self._read(_WARC_CHUNK_BYTES)
+        self._buffer += chunk
+        return bool(chunk)
+
+    def _take(self, size: int) -> bytes:
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        self.offset += len(data)
+        return data
+
+    def read(self, size: int) -> bytes:
+        """``size`` bytes, or fewer at the end of the stream (read in chunks: a huge Content-Length
+        costs only the bytes really there)."""
+        while len(self._buffer) < size and self._fill():
+            pass
+        return self._take(size)
+
+    def readline(self) -> bytes:
+        """One line with its newline, at most _WARC_LINE_BYTES (a longer one comes in pieces)."""
+        start = 0
+        while True:
+            end = self._buffer.find(b"\n", start, _WARC_LINE_BYTES)
+            if end >= 0:
+                return self._take(end + 1)
+            start = len(self._buffer)
+            if start >= _WARC_LINE_BYTES or not self._fill():
+                return self._take(_WARC_LINE_BYTES)
+
+    def unread(self, data: bytes) -> None:
+        self._buffer[:0] = data
+        self.offset -= len(data)
+
+
+class _WarcRecord(NamedTuple):
+    offset: int
+    data: bytes  # header and block, as in the file
+    warc_type: str
+    problem: str | None  # why the record is damaged; None for a sound one
+
+
+def _warc_records(stream: _WarcStream) -> Iterator[_WarcRecord]:
+    """Every record of a WARC byte stream, sound or damaged, in file order.
+
+    A sound record has a WARC/ version line, well-formed headers with a Content-Length, that many
+    bytes of block, then an empty line (CRLF CRLF; the end of the file may cut those). A damaged one
+    is reported and reading resumes at the next line that starts a record, searched from just after
+    the damaged record's header, so a wrong Content-Length never swallows the next record.
+    """
+    while True:
+        line = stream.readline()
+        if not line:
+            return
+        if not line.strip():
+            continue
+        offset = stream.offset - len(line)
+        lines, warc_type, length, problem = _warc_header(stream, line)
+        if problem is None:
+            block = stream.read(length)
+            trailer = stream.read(4) if len(block) == length else b""
+            if len(block) == length and (trailer == b"\r\n\r\n" or b"\r\n\r\n".startswith(trailer)):
+                yield _WarcRecord(offset, b"".join(lines) + block, warc_type, None)
+                continue
+            stream.unread(block + trailer)
+            problem = (f"the file ends {len(block)} bytes into a block of {length} (Content-Length)"
+                       if len(block) < length else f"no empty line after the {length} bytes of its Content-Length")
+        yield _WarcRecord(offset, b"", warc_type, problem)
+        _resynchronise(stream)
+
+
+def _warc_header(stream: _WarcStream, first: bytes) -> tuple[list[bytes], str, int, str | None]:
+    """The header lines of one record, its WARC-Type and Content-Length, or why the header is damaged."""
+    if not first.startswith(b"WARC/"):
+        return [], "", 0, f"no WARC/ version line (the record starts {first[:40]!r})"
+    lines, fields = [first], {}
+    while len(lines) <= _WARC_HEADER_LINES:
+        line = stream.readline()
+        if not line:
+            return lines, "", 0, "the file ends inside the record header"
+        if line in (b"\r\n", b"\n"):
+            lines.append(line)
+            break
+        if line.startswith(b"WARC/"):
+            stream.unread(line)
+            return lines, "", 0, "the record header has no end (a new record starts inside it)"
+        name, colon, value = line.partition(b":")
+        folded = line[:1] in (b" ", b"\t")  # the continuation of the line before
+        if not line.endswith(b"\n") or not (folded or colon and name.strip()):
+            return lines, "", 0, f"malformed header line {line[:60]!r}"
+        if not folded:
+            fields[name.strip().lower()] = value.strip()
+        lines.append(line)
+    else:
+        return lines, "", 0, f"more than {_WARC_HEADER_LINES} header lines"
+    warc_type = fields.get(b"warc-type", b"").decode("latin-1").lower()
+    length = fields.get(b"content-length", b"")
+    if not length.isdigit():
+        return lines, warc_type, 0, f"no valid Content-Length ({length[:40]!r})"
+    return lines, warc_type, int(length), None
+
+
+def _resynchronise(stream: _WarcStream) -> None:
+    """Skip to the next line that starts a record (``WARC/1.``), or to the end of the stream."""
+    while line := stream.readline():
+        if line.startswith(b"WARC/1."):
+            stream.unread(line)
+            return
 
 
 def _read_warc(item: InputFile, options: ReadOptions,
                storage_options: Mapping[str, Any] | None) -> Iterator[Doc | Reject]:
-    from warcio.archiveiterator import ArchiveIterator
-    from warcio.exceptions import ArchiveLoadFailed
-
+    compression, read_whole = item.compression, 0  # read_whole: where the last record read whole ends
     with fsspec.open(item.url, "rb", **dict(storage_options or {})) as handle:
-        iterator = ArchiveIterator(handle)
-        offset = 0
         try:
-            for record in iterator:
-                if record.rec_type not in ("response", "resource", "conversion"):
+            decompressed, compression = _decompressed(item, handle)
+            stream = _WarcStream(decompressed)
+            for record in _warc_records(stream):
+                read_whole = stream.offset
+                position = f"record at {_warc_offset(record.offset, compression)}"
+                if record.problem is not None:
+                    if record.warc_type not in WARC_OTHER_TYPES:
+                        yield Reject(item.source, position, "corrupt", f"corrupt WARC record ({record.problem})",
+                                     len(record.data))
                     continue
-                body = record.content_stream().read()  # before get_record_offset, which skips the rest
-                offset = iterator.get_record_offset()
-                yield _warc_record(item, record, body, offset, options)
-        except (ArchiveLoadFailed, EOFError, OSError, ValueError, AttributeError, KeyError) as exc:
-            # warcio raises AttributeError/KeyError, not only ArchiveLoadFailed, on some malformed headers
-            yield Reject(item.url, f"record after offset {offset}", "corrupt",
-                         f"corrupt WARC record ({type(exc).__name__}: {exc}); the rest of the file is lost", 0)
+                if record.warc_type in WARC_OTHER_TYPES:
+                    continue
+                try:
+                    result = _warc_record(item, record, position, options)
+                except Exception as exc:  # noqa: BLE001 - one record's failure rejects that record only
+                    result = _failed(item, position, exc, len(record.data))
+                yield result
+        except Exception as exc:  # noqa: BLE001 - the stream itself: truncated, corrupt or unreadable
+            after = _warc_offset(read_whole, compression)
+            yield Reject(item.source, f"record after {after}", "corrupt",
+                         f"truncated or corrupt {compression or 'file'} stream after {after}, where the last record "
+                         f"read whole ends ({_describe(exc)}); the rest of the file is lost", 0)
 
 
-def _warc_record(item: InputFile, record: Any, body: bytes, offset: int, options: ReadOptions) -> Doc | Reject:
-    """One response/resource record: HTML through the crawler's extraction, plain text as is."""
+def _warc_offset(offset: int, compression: str | None) -> str:
+    return f"offset {offset}" if compression is None else f"offset {offset} (decompressed)"
+
+
+def _warc_record(item: InputFile, framed: _WarcRecord, position: str, options: ReadOptions) -> Doc | Reject:
+    """One response/resource record (digests checked): HTML through the crawler's extraction, plain
+    text as is."""
+    from warcio.archiveiterator import ArchiveIterator
+
     from crawlers.extract import decode_html, detect_language, extract_text
 
-    position = f"record at offset {offset}"
+    if framed.warc_type not in WARC_DOCUMENT_TYPES:
+        return Reject(item.source, position, "unsupported", f"unsupported WARC-Type {framed.warc_type[:40]!r}",
+                      len(framed.data))
+    record = next(ArchiveIterator(io.BytesIO(framed.data), check_digests=True))
+    body = record.content_stream().read()
+    while record.raw_stream.read(_WARC_CHUNK_BYTES):  # the digests are checked at the end of the block
+        pass
+    if record.digest_checker.passed is False:
+        return Reject(item.source, position, "corrupt", f"corrupt WARC record ({'; '.join(record.digest_checker.problems)})",
+                      len(framed.data))
     url = record.rec_headers.get_header("WARC-Target-URI")
     headers = record.http_headers if record.http_headers is not None else record.rec_headers
     content_type = headers.get_header("Content-Type") or ""
@@ -372,16 +744,18 @@ def _warc_record(item: InputFile, record: Any, body: bytes, offset: int, options
         if key.strip().lower() == "charset":
             charset = value.strip()
     if mime and not (mime.startswith("text/") or "html" in mime or "xml" in mime):
-        return Reject(item.url, position, "unsupported", f"unsupported content type {mime!r}", len(body))
+        return Reject(item.source, position, "unsupported", f"unsupported content type {mime!r}", len(body))
     decoded = decode_html(body, charset)[0]
     is_html = "html" in mime or decoded.lstrip()[:15].lower().startswith(("<!doctype", "<html"))
     text = extract_text(decoded, url) if is_html else decoded
+    if not _encodable(text):  # a declared charset like unicode_escape can decode to lone surrogates
+        return Reject(item.source, position, "invalid_utf8", "invalid Unicode in the decoded text", len(body))
     language = record.rec_headers.get_header("WARC-Identified-Content-Language") or (
         detect_language(text) if text.strip() else None)
     doc = Doc(
         id=_optional_str(record.rec_headers.get_header("WARC-Record-ID")),
         text=text,
-        source=url or item.url,
+        source=url or item.source,
         domain=domain_of(url),
         language=language,
         fetch_time=_parse_time(record.rec_headers.get_header("WARC-Date")),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from pathlib import Path
 
@@ -100,3 +101,34 @@ def test_splits_are_deterministic_and_keep_file_order(tmp_path: Path) -> None:
     assert [s.index for s in splits] == list(range(3, 3 + len(splits)))
     assert [f for s in splits for f in s.files] == files
     assert splits == plan_splits(files, split_bytes=250, first_index=3)
+
+
+def test_warc_records_that_are_not_documents_are_skipped_and_unknown_types_rejected(tmp_path: Path) -> None:
+    from warcio.warcwriter import WARCWriter
+
+    out = io.BytesIO()
+    writer = WARCWriter(out, gzip=False)
+    for kind, url, payload in (("request", "https://r.example/a", b"GET /a HTTP/1.1\r\nHost: r.example\r\n\r\n"),
+                               ("resource", "https://r.example/b", b"plain words here"),
+                               ("metadata", "https://r.example/c", b"key: value\r\n"),
+                               ("resource", "https://r.example/d", b"plain words here")):
+        writer.write_record(writer.create_warc_record(url, kind, payload=io.BytesIO(payload), length=len(payload),
+                                                      warc_content_type="text/plain"))
+    data = out.getvalue().replace(b"WARC-Type: resource", b"WARC-Type: resourcf", 1)  # a damaged type
+    request_end = data.index(b"WARC/1.0", 1)
+    data = data[:request_end - 10] + data[request_end - 4:]  # the request record's block cut short
+    (tmp_path / "r.warc.gz").write_bytes(gzip.compress(data))  # one gzip stream, not a member per record
+    [item] = resolve_inputs([str(tmp_path / "r.warc.gz")])
+    records = list(read_file(item, ReadOptions()))
+    assert [type(r).__name__ for r in records] == ["Reject", "Doc"]  # neither request nor metadata counts
+    assert records[0].kind == "unsupported" and "'resourcf'" in records[0].reason
+    assert records[1].source == "https://r.example/d" and records[1].text == "plain words here"
+
+
+def test_a_zstd_file_of_several_frames_is_read_to_its_end(tmp_path: Path) -> None:
+    import zstandard
+
+    frames = [zstandard.ZstdCompressor().compress(b'{"text": "frame %d"}\n' % i) for i in range(3)]
+    (tmp_path / "f.jsonl.zst").write_bytes(b"".join(frames))
+    [item] = resolve_inputs([str(tmp_path / "f.jsonl.zst")])
+    assert [r.text for r in read_file(item, ReadOptions())] == ["frame 0", "frame 1", "frame 2"]
