@@ -470,14 +470,21 @@ def _record_doc(item: InputFile, position: str, text: str, url: Any, fields: Map
 _PARQUET_EXTRA = ("url", "final_url", "source", "domain", "language", "fetch_time")
 
 
-def _is_text_type(arrow_type: Any) -> bool:
+def _text_column_problem(schema: Any, column: str) -> str | None:
+    """Why a Parquet file has no usable text column (each of its rows is then rejected), or None."""
     import pyarrow as pa
 
-    if pa.types.is_dictionary(arrow_type):
-        arrow_type = arrow_type.value_type
-    return any(check(arrow_type) for check in (
-        pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view, pa.types.is_binary,
-        pa.types.is_large_binary, pa.types.is_binary_view, pa.types.is_fixed_size_binary))
+    if column not in schema.names:
+        return f"no {column!r} column ({_names_found(schema.names)})"
+    if schema.names.count(column) > 1:
+        return f"the {column!r} column appears {schema.names.count(column)} times"
+    arrow_type = schema.field(column).type
+    value_type = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+    if not any(check(value_type) for check in (
+            pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view, pa.types.is_binary,
+            pa.types.is_large_binary, pa.types.is_binary_view, pa.types.is_fixed_size_binary)):
+        return f"the {column!r} column is {arrow_type}, not text"
+    return None
 
 
 def _read_parquet(item: InputFile, options: ReadOptions,
@@ -488,8 +495,7 @@ def _read_parquet(item: InputFile, options: ReadOptions,
     with fsspec.open(item.url, "rb", **dict(storage_options or {})) as handle:
         try:
             parquet = pq.ParquetFile(handle, page_checksum_verification=True)  # CRCs where written
-            metadata, names = parquet.metadata, parquet.schema_arrow.names
-            text_type = parquet.schema_arrow.field(options.text_column).type if options.text_column in names else None
+            metadata, schema = parquet.metadata, parquet.schema_arrow
         except Exception as exc:  # noqa: BLE001 - a footer that cannot be read, whatever pyarrow raises
             yield _file_reject(item, "file", "corrupt", f"corrupt Parquet file ({_describe(exc)})", item.size)
             return
@@ -501,12 +507,12 @@ def _read_parquet(item: InputFile, options: ReadOptions,
         if item.rows is not None and metadata.num_rows != item.rows:
             yield _file_reject(item, "file", "corrupt", f"the shard holds {metadata.num_rows} rows", item.size)
             return
-        if text_type is None or not _is_text_type(text_type):
-            reason = (f"no {options.text_column!r} column ({_names_found(names)})"
-                      if text_type is None else f"the {options.text_column!r} column is {text_type}, not text")
-            yield Reject(item.source, "file", "unparseable", reason, item.size, count=metadata.num_rows)
+        problem = _text_column_problem(schema, options.text_column)
+        if problem is not None:
+            yield Reject(item.source, "file", "unparseable", problem, item.size, count=metadata.num_rows)
             return
-        wanted = [c for c in dict.fromkeys([options.text_column, options.id_column, *_PARQUET_EXTRA]) if c in names]
+        wanted = [c for c in dict.fromkeys([options.text_column, options.id_column, *_PARQUET_EXTRA])
+                  if schema.names.count(c) == 1]
         row = 0
         for group, rows in enumerate(group_rows):
             try:

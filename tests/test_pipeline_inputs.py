@@ -132,3 +132,16 @@ def test_a_zstd_file_of_several_frames_is_read_to_its_end(tmp_path: Path) -> Non
     (tmp_path / "f.jsonl.zst").write_bytes(b"".join(frames))
     [item] = resolve_inputs([str(tmp_path / "f.jsonl.zst")])
     assert [r.text for r in read_file(item, ReadOptions())] == ["frame 0", "frame 1", "frame 2"]
+
+
+@pytest.mark.parametrize(("names", "reason"), [
+    (["body", "url"], "no 'text' column (has: body, url)"),
+    (["text", "text"], "the 'text' column appears 2 times"),
+])
+def test_a_parquet_file_without_one_text_column_rejects_every_row_at_once(tmp_path: Path, names: list[str],
+                                                                       reason: str) -> None:
+    path = tmp_path / "columns.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array(["a", "b", "c"])] * len(names), names=names), path)
+    [item] = resolve_inputs([str(path)])
+    [reject] = read_file(item, ReadOptions())
+    assert isinstance(reject, Reject) and (reject.kind, reject.reason, reject.count) == ("unparseable", reason, 3)
