@@ -259,3 +259,28 @@ def test_the_removed_corpus_a_manifest_names_must_name_the_same_job_back(ray_loc
         open_removed(Corpus.open(str(tmp_path / "a")))
     # named explicitly by the user, it is used as asked
     assert open_removed(Corpus.open(str(tmp_path / "a")), str(tmp_path / "b-removed")).num_rows > 0
+
+
+def test_a_folder_walk_reads_a_nested_corpus_by_its_manifest_only(ray_local: None, raw: Path,
+                                                                  tmp_path: Path) -> None:
+    """An earlier corpus (with its _index, _rejects and an unlisted stray shard) inside an input folder
+    counts its listed rows once; a glob over it keeps only the shards its manifest lists."""
+    from pipeline.inputs import resolve_inputs
+
+    first = tmp_path / "first"
+    run_dedup(DedupConfig(inputs=[str(raw)], output=str(first), num_partitions=2))
+    corpus = Corpus.open(str(first))
+    stray = first / "part-99999-stray-00000.parquet"
+    stray.write_bytes((first / corpus.shards[0].path).read_bytes())
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "more.jsonl").write_text((raw / "a.jsonl").read_text())
+    first.rename(bundle / "first")
+    found = {f.url: f.rows for f in resolve_inputs([str(bundle)])}
+    listed = {str(bundle / "first" / s.path): s.rows for s in corpus.shards}
+    assert found == {**listed, str(bundle / "more.jsonl"): None}
+    globbed = {f.url for f in resolve_inputs([str(bundle / "first" / "*.parquet")])}
+    assert globbed == set(listed)  # neither the stray shard nor _index / _rejects files
+    stats = run_dedup(DedupConfig(inputs=[str(bundle)], output=str(tmp_path / "second"), num_partitions=2))
+    lines = len((raw / "a.jsonl").read_text().splitlines())
+    assert stats["documents"]["input"] == corpus.num_rows + lines
