@@ -409,6 +409,8 @@ def _decompressed(item: InputFile, raw: BinaryIO) -> tuple[BinaryIO, str | None]
         return gzip.GzipFile(fileobj=raw), compression
     if compression == "zstd":
         return io.BufferedReader(_ZstdFrames(raw), _STREAM_BUFFER_BYTES), compression
+    if isinstance(raw, fsspec.spec.AbstractBufferedFile):  # an object store's file: its readline takes no size
+        return io.BufferedReader(raw, _STREAM_BUFFER_BYTES), None
     return raw, None
 
 
@@ -419,7 +421,13 @@ def _read_jsonl(item: InputFile, options: ReadOptions,
     with fsspec.open(item.url, "rb", **dict(storage_options or {})) as raw_handle:
         try:
             stream, compression = _decompressed(item, raw_handle)
-            for lineno, raw in enumerate(stream, 1):  # noqa: B007 - used after the loop
+            limit = _line_limit(options)
+            for lineno, (raw, length) in enumerate(_bounded_lines(stream, limit), 1):  # noqa: B007 - used after
+                if raw is None:
+                    yield Reject(item.source, f"line {lineno}", "over_size_cap",
+                                 f"line of {length} bytes is over the {limit}-byte line cap (--max-doc-bytes x "
+                                 f"{JSON_LINE_EXPANSION}); skipped without reading it into memory", length)
+                    continue
                 try:
                     record = _jsonl_record(item, lineno, raw, options)
                 except Exception as exc:  # noqa: BLE001 - one line's failure rejects that line only
@@ -429,6 +437,29 @@ def _read_jsonl(item: InputFile, options: ReadOptions,
             yield Reject(item.source, f"line {lineno + 1}", "corrupt",
                          f"truncated or corrupt {compression or 'file'} stream after line {lineno}, the last "
                          f"line read whole ({_describe(exc)}); the rest of the file is lost", 0)
+
+
+# A JSON line may be up to this many times its text's UTF-8 size (escapes such as \u00e9 take 6 bytes
+# for 2, plus the other fields) before it is refused unread: a giant line never reaches memory whole.
+JSON_LINE_EXPANSION = 8
+_LINE_CHUNK = 1 << 20
+
+
+def _line_limit(options: ReadOptions) -> int:
+    return max(options.max_doc_bytes * JSON_LINE_EXPANSION, _LINE_CHUNK)
+
+
+def _bounded_lines(stream: Any, limit: int) -> Iterator[tuple[bytes | None, int]]:
+    """(line, length) for each line of a binary stream; (None, length) for a line over ``limit`` bytes,
+    which is read past in chunks rather than held."""
+    while raw := stream.readline(limit + 1):
+        if len(raw) <= limit or raw.endswith(b"\n"):
+            yield raw, len(raw)
+            continue
+        length = len(raw)
+        while (chunk := stream.readline(_LINE_CHUNK)) and not chunk.endswith(b"\n"):
+            length += len(chunk)
+        yield None, length + len(chunk)
 
 
 _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",

@@ -392,3 +392,42 @@ def test_the_job_over_hostile_files_finishes_and_accounts_for_every_record(
     assert docs["input"] == docs["kept"] + docs["exact_duplicate"] + docs["near_duplicate"] + docs["rejected"]
     assert docs["input"] == expected
     assert stats["rejected"]["corrupt"] >= corpus.shards[1].rows + 3
+
+
+def _giant_line_file(compression: str | None) -> tuple[bytes, int]:
+    """Three JSONL lines, the middle one 3 MiB of text: over the line cap at max_doc_bytes=256 KiB."""
+    lines = [json.dumps({"id": str(i), "text": ("word " * (600_000 if i == 1 else 50)).strip()}).encode() + b"\n"
+             for i in range(3)]
+    data = b"".join(lines)
+    if compression == "gzip":
+        data = gzip.compress(data)
+    elif compression == "zstd":
+        data = zstandard.ZstdCompressor().compress(data)
+    return data, len(lines[1])
+
+
+@pytest.mark.parametrize("name,compression", [("a.jsonl", None), ("a.jsonl.gz", "gzip"), ("a.jsonl.zst", "zstd")])
+def test_a_line_over_the_cap_is_skipped_unread_and_counted(scratch: Path, name: str, compression: str | None) -> None:
+    data, giant = _giant_line_file(compression)
+    path = Path(tempfile.mkdtemp(dir=scratch)) / name
+    path.write_bytes(data)
+    [item] = resolve_inputs([str(path)])
+    records = list(read_file(item, ReadOptions(max_doc_bytes=256 * 1024)))
+    assert [d.id for d in _docs(records)] == ["0", "2"]
+    [reject] = _rejects(records)
+    assert (reject.kind, reject.position, reject.bytes) == ("over_size_cap", "line 2", giant)
+    assert "line cap" in reject.reason
+
+
+def test_jsonl_on_an_object_store_reads_with_the_line_cap(s3_bucket: str, s3_server: dict) -> None:
+    """An object store's file object has a readline without a size; the reader must still cap lines."""
+    import fsspec
+
+    data, giant = _giant_line_file(None)
+    options = {"key": "testing", "secret": "testing",
+               "client_kwargs": {"endpoint_url": s3_server["endpoint_url"], "region_name": "us-east-1"}}
+    fsspec.filesystem("s3", **options).pipe_file(f"{s3_bucket}/raw/a.jsonl", data)
+    [item] = resolve_inputs([f"{s3_bucket}/raw/a.jsonl"], options)
+    records = list(read_file(item, ReadOptions(max_doc_bytes=256 * 1024), options))
+    assert [d.id for d in _docs(records)] == ["0", "2"]
+    assert [(r.kind, r.bytes) for r in _rejects(records)] == [("over_size_cap", giant)]
