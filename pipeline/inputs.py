@@ -421,12 +421,12 @@ def _read_jsonl(item: InputFile, options: ReadOptions,
     with fsspec.open(item.url, "rb", **dict(storage_options or {})) as raw_handle:
         try:
             stream, compression = _decompressed(item, raw_handle)
-            limit = _line_limit(options)
+            limit = _record_limit(options)
             for lineno, (raw, length) in enumerate(_bounded_lines(stream, limit), 1):  # noqa: B007 - used after
                 if raw is None:
                     yield Reject(item.source, f"line {lineno}", "over_size_cap",
                                  f"line of {length} bytes is over the {limit}-byte line cap (--max-doc-bytes x "
-                                 f"{JSON_LINE_EXPANSION}); skipped without reading it into memory", length)
+                                 f"{RAW_RECORD_EXPANSION}); skipped without reading it into memory", length)
                     continue
                 try:
                     record = _jsonl_record(item, lineno, raw, options)
@@ -439,14 +439,15 @@ def _read_jsonl(item: InputFile, options: ReadOptions,
                          f"line read whole ({_describe(exc)}); the rest of the file is lost", 0)
 
 
-# A JSON line may be up to this many times its text's UTF-8 size (escapes such as \u00e9 take 6 bytes
-# for 2, plus the other fields) before it is refused unread: a giant line never reaches memory whole.
-JSON_LINE_EXPANSION = 8
+# A raw record (a JSONL line, a WARC block) may be up to this many times --max-doc-bytes (JSON escapes
+# such as \u00e9 take 6 bytes for 2; HTML carries markup) before it is refused unread: a giant record
+# never reaches a worker's memory whole.
+RAW_RECORD_EXPANSION = 8
 _LINE_CHUNK = 1 << 20
 
 
-def _line_limit(options: ReadOptions) -> int:
-    return max(options.max_doc_bytes * JSON_LINE_EXPANSION, _LINE_CHUNK)
+def _record_limit(options: ReadOptions) -> int:
+    return max(options.max_doc_bytes * RAW_RECORD_EXPANSION, _LINE_CHUNK)
 
 
 def _bounded_lines(stream: Any, limit: int) -> Iterator[tuple[bytes | None, int]]:
@@ -689,6 +690,13 @@ class _WarcStream:
             if start >= _WARC_LINE_BYTES or not self._fill():
                 return self._take(_WARC_LINE_BYTES)
 
+    def skip(self, size: int) -> int:
+        """Pass over up to ``size`` bytes without holding them; returns how many there were."""
+        skipped = 0
+        while skipped < size and (self._buffer or self._fill()):
+            skipped += len(self._take(min(size - skipped, len(self._buffer))))
+        return skipped
+
     def unread(self, data: bytes) -> None:
         self._buffer[:0] = data
         self.offset -= len(data)
@@ -699,15 +707,17 @@ class _WarcRecord(NamedTuple):
     data: bytes  # header and block, as in the file
     warc_type: str
     problem: str | None  # why the record is damaged; None for a sound one
+    oversized: bool = False  # a sound frame whose block was over the cap, skipped unread
 
 
-def _warc_records(stream: _WarcStream) -> Iterator[_WarcRecord]:
+def _warc_records(stream: _WarcStream, limit: int) -> Iterator[_WarcRecord]:
     """Every record of a WARC byte stream, sound or damaged, in file order.
 
     A sound record has a WARC/ version line, well-formed headers with a Content-Length, that many
     bytes of block, then an empty line (CRLF CRLF; the end of the file may cut those). A damaged one
     is reported and reading resumes at the next line that starts a record, searched from just after
-    the damaged record's header, so a wrong Content-Length never swallows the next record.
+    the damaged record's header, so a wrong Content-Length never swallows the next record. A block over
+    ``limit`` bytes is passed over unread (``oversized``): a giant record never reaches memory whole.
     """
     while True:
         line = stream.readline()
@@ -717,6 +727,17 @@ def _warc_records(stream: _WarcStream) -> Iterator[_WarcRecord]:
             continue
         offset = stream.offset - len(line)
         lines, warc_type, length, problem = _warc_header(stream, line)
+        if problem is None and length > limit:
+            skipped = stream.skip(length)
+            trailer = stream.read(4) if skipped == length else b""
+            if skipped == length and (trailer == b"\r\n\r\n" or b"\r\n\r\n".startswith(trailer)):
+                yield _WarcRecord(offset, b"", warc_type, f"a block of {length} bytes, over the {limit}-byte "
+                                  "record cap; skipped unread", oversized=True)
+                continue
+            yield _WarcRecord(offset, b"", warc_type, f"the file ends {skipped} bytes into a block of {length} "
+                              "(Content-Length)" if skipped < length else "no empty line after its block")
+            _resynchronise(stream)
+            continue
         if problem is None:
             block = stream.read(length)
             trailer = stream.read(4) if len(block) == length else b""
@@ -776,13 +797,14 @@ def _read_warc(item: InputFile, options: ReadOptions,
         try:
             decompressed, compression = _decompressed(item, handle)
             stream = _WarcStream(decompressed)
-            for record in _warc_records(stream):
+            for record in _warc_records(stream, _record_limit(options)):
                 read_whole = stream.offset
                 position = f"record at {_warc_offset(record.offset, compression)}"
                 if record.problem is not None:
                     if record.warc_type not in WARC_OTHER_TYPES:
-                        yield Reject(item.source, position, "corrupt", f"corrupt WARC record ({record.problem})",
-                                     len(record.data))
+                        kind = "over_size_cap" if record.oversized else "corrupt"
+                        yield Reject(item.source, position, kind, f"{kind.replace('_', ' ')} WARC record "
+                                     f"({record.problem})", len(record.data))
                     continue
                 if record.warc_type in WARC_OTHER_TYPES:
                     continue

@@ -431,3 +431,21 @@ def test_jsonl_on_an_object_store_reads_with_the_line_cap(s3_bucket: str, s3_ser
     records = list(read_file(item, ReadOptions(max_doc_bytes=256 * 1024), options))
     assert [d.id for d in _docs(records)] == ["0", "2"]
     assert [(r.kind, r.bytes) for r in _rejects(records)] == [("over_size_cap", giant)]
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_warc_block_over_the_cap_is_passed_over_unread(scratch: Path, cut: bool) -> None:
+    """A 3 MB page between two small ones, at max_doc_bytes=256 KiB: one over_size_cap reject (or, when
+    the file ends inside it, one corrupt reject), never a document, and its neighbours read."""
+    records = [_warc_record(f"http://a.test/{i}", ("word " * (600_000 if i == 1 else 50)).strip(), html=False)
+               for i in range(3)]
+    data = b"".join(records[:2]) if cut else b"".join(records)
+    if cut:
+        data = data[: len(records[0]) + len(records[1]) // 2]
+    path = Path(tempfile.mkdtemp(dir=scratch)) / "a.warc"
+    path.write_bytes(data)
+    [item] = resolve_inputs([str(path)])
+    out = list(read_file(item, ReadOptions(max_doc_bytes=256 * 1024)))
+    assert [d.source for d in _docs(out)] == (["http://a.test/0"] if cut else ["http://a.test/0", "http://a.test/2"])
+    [reject] = _rejects(out)
+    assert reject.kind == ("corrupt" if cut else "over_size_cap") and "block of" in reject.reason
