@@ -8,9 +8,12 @@ must import its heavy dependencies (Ray, aiohttp, torch) inside ``run`` so ``gri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 COMMANDS: dict[str, str] = {
     "inspect": "pipeline.inspect_cmd",
@@ -19,12 +22,24 @@ COMMANDS: dict[str, str] = {
     "dedup": "pipeline.dedup_cmd",
     "stats": "pipeline.stats_cmd",
     "clusters": "pipeline.clusters_cmd",
+    "rejects": "pipeline.rejects_cmd",
 }
+RESUMABLE = ("dedup", "crawl")  # commands that pick up where they stopped when run again
+INTERRUPTED = 130  # the shell's status for a process stopped by SIGINT (128 + 2)
+EXIT_STATUS = """exit status:
+  0    success
+  1    finished, but produced nothing or failed its check: dedup kept no document because every
+       input record was rejected (or there were none), crawl stored nothing, inspect --verify
+       found a corrupt shard, clusters --show found no such cluster
+  2    usage or input error: a bad option, an input or corpus that cannot be read
+  130  interrupted (Ctrl-C); dedup and crawl resume where they stopped when run again
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gristmill", description="Crawl, deduplicate and stream LLM training corpora."
+        prog="gristmill", description="Crawl, deduplicate and stream LLM training corpora.",
+        epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in COMMANDS.items():
@@ -36,9 +51,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the process exit status."""
+    """Entry point of the console script; returns the process exit status (see ``EXIT_STATUS``).
+
+    Ctrl-C, a reader that closed the pipe (``| head``) and an unreadable file end the command with
+    one line instead of a traceback: they are the user's or the system's doing, not a bug.
+    """
     args = build_parser().parse_args(argv)
-    return int(args._run(args) or 0)
+    try:
+        status = int(args._run(args) or 0)
+        sys.stdout.flush()  # here, so a closed pipe is seen inside this try rather than at exit
+        return status
+    except KeyboardInterrupt:
+        resume = "; run the same command again to resume" if args.command in RESUMABLE else ""
+        print(f"gristmill {args.command}: interrupted{resume}", file=sys.stderr)
+        if argv is None:  # run as the program; in-process callers (tests) get the status back
+            _end_process(INTERRUPTED)
+        return INTERRUPTED
+    except BrokenPipeError:
+        # The reader has all it wanted. Point stdout at /dev/null so the interpreter's last flush of
+        # what is still buffered cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as exc:  # its message names the file
+        print(f"gristmill {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _end_process(status: int) -> NoReturn:
+    """Exit now, skipping the interpreter's teardown. The interrupted command has already cleaned up
+    what it owns (dedup stops its Ray, crawl commits its state); after an interrupt, Ray's C++ exit
+    handler can race its own threads and crash (seen as SIGSEGV instead of 130 in about one of ten
+    interrupted dedup runs)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):
+            stream.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":
