@@ -7,6 +7,7 @@ any key of :class:`pipeline.dedup_job.DedupConfig` at its top level or under ``[
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Any
 
@@ -45,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--row-group-bytes", type=int, help="target row group size (default 4 MiB)")
     parser.add_argument("--keep-work", action="store_true", default=None,
                         help="keep OUTPUT/_work (intermediate results) after success")
+    parser.add_argument("--overwrite", action="store_true", default=None,
+                        help="replace a committed corpus that a different job wrote in OUTPUT; re-running the same "
+                             "job resumes without it")
     parser.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
 
 
@@ -73,8 +77,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
     for name in _OPTIONS:
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
-    if args.keep_work:
-        values["keep_work"] = True
+    for flag in ("keep_work", "overwrite"):
+        if getattr(args, flag):
+            values[flag] = True
     if args.verify is False:
         values["verify"] = False
     if not values.get("inputs") or not values.get("output"):
@@ -83,23 +88,62 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    import ray
+
     from pipeline.dedup_job import DedupError, job_stages, run_dedup
     from pipeline.format import CorpusError
     from pipeline.inputs import InputError
     from pipeline.progress import stage_bar
     from pipeline.stats_cmd import render
 
+    ray_was_up = ray.is_initialized()  # a caller's Ray (tests, a notebook) stays up
     try:
         config = config_from_args(args)
         if args.ray_address:
-            import ray
-
             ray.init(address=args.ray_address)
         bar, on_stage = stage_bar(job_stages(config), "dedup")
         with bar:
             stats = run_dedup(config, on_stage=on_stage)
+        empty = _why_empty(stats, config)
     except (DedupError, InputError, CorpusError, OSError, ValueError) as exc:
         print(f"gristmill dedup: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if not ray_was_up:
+            _stop_ray(ray)
     print(render(stats))
+    if empty:
+        print(empty, file=sys.stderr)
+        return 1
     return 0
+
+
+def _stop_ray(ray: Any) -> None:
+    """Stop the Ray this command started or joined, here rather than at exit: an interrupted run ends
+    with ``os._exit`` (``pipeline.cli``), which skips Ray's own exit hook. Deaf to Ctrl-C, which users
+    press again, and which inside Ray's shutdown prints a traceback and leaves its processes running."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ray.shutdown()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _why_empty(stats: dict[str, Any], config: Any) -> str | None:
+    """Why the run produced nothing, when every input record was rejected or there were none; None when
+    it kept or removed something. The command then exits 1: exit 0 would let a script carry on with an
+    empty corpus, and the reasons would stay hidden in the rejects file."""
+    from pipeline.format import Corpus
+    from pipeline.rejects import rejects_path, render_tally, tally, text_field_hint
+
+    documents = stats["documents"]
+    if documents["input"] != documents["rejected"]:
+        return None
+    if not documents["input"]:
+        return f"gristmill dedup: the inputs hold no documents; {config.output} is empty"
+    corpus = Corpus.open(config.output, config.storage_options)
+    counts = tally(corpus, rejects_path(corpus))
+    hint = text_field_hint(counts)
+    return "\n".join([f"gristmill dedup: every input record was rejected; {config.output} is empty",
+                      *render_tally(counts), *([hint] if hint else []),
+                      f"list them all with: gristmill rejects {config.output}"])
