@@ -18,6 +18,8 @@ import unicodedata
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
+
 from pipeline.format import Corpus, CorpusError
 
 HELP = "List the largest duplicate clusters; --show ID prints one cluster's members side by side with diffs."
@@ -223,14 +225,21 @@ def render_cluster(cluster: Any, width: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.duplicates import find_clusters, load_texts
-
     try:
-        corpus, removed = _open(args)
-        clusters = find_clusters(corpus, removed)
+        return _run(args)
     except CorpusError as exc:
         print(f"gristmill clusters: {exc}", file=sys.stderr)
         return 2
+    except pa.ArrowException as exc:  # a shard that is not the Parquet its manifest promised
+        print(f"gristmill clusters: {args.corpus}: a shard cannot be read: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pipeline.duplicates import find_clusters, load_texts
+
+    corpus, removed = _open(args)
+    clusters = find_clusters(corpus, removed)
     width = args.width or max(60, min(200, shutil.get_terminal_size((140, 40)).columns))
     if args.show is None:
         if args.json:

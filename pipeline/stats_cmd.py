@@ -76,8 +76,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"gristmill stats: {exc}", file=sys.stderr)
         return 2
     if not corpus.stats:
-        print(f"gristmill stats: {args.corpus}: the manifest holds no statistics", file=sys.stderr)
-        return 1
+        print(f"gristmill stats: {args.corpus}: the manifest holds no statistics (not written by gristmill dedup)",
+              file=sys.stderr)
+        return 2
     print(json.dumps(corpus.stats, indent=2) if args.json else render(corpus.stats))
     if args.html:
         from pipeline.report import write_report
