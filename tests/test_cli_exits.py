@@ -1,0 +1,235 @@
+"""Honest exits of the ``gristmill`` command: a dedup run that rejected every record exits 1 and says
+why, ``gristmill rejects`` lists what was rejected, Ctrl-C exits 130 with a resume hint and no
+traceback, a closed pipe is not an error, usage errors exit 2.
+
+One local Ray for the module; the Ctrl-C test's driver is a real subprocess with a Ray of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_pipeline_data import documents, write_jsonl
+
+from pipeline.cli import main
+from pipeline.format import Corpus, ShardWriter
+
+pytestmark = pytest.mark.timeout(240)
+REPO = Path(__file__).resolve().parents[1]
+GRISTMILL = [sys.executable, "-m", "pipeline.cli"]
+PIPE_BUFFER = 64 << 10  # Linux's default pipe capacity
+
+# One bad line of each kind, with the reject kind and reason it must get.
+BAD_LINES = [
+    (b'{"body": "text under another name", "title": "t"}', "unparseable", "no 'text' field (has: body, title)"),
+    (b'{"text": "cut off', "unparseable", None),
+    (b'{"text": ""}', "empty", "empty text"),
+    (b'{"text": "caf\xe9"}', "invalid_utf8", None),
+]
+BAD_COPIES = 800  # of each: enough rejects that their listing overfills a pipe several times
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def with_rejects(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    """A corpus whose input had 24 good documents, then BAD_COPIES lines of each bad kind; returns the
+    corpus, the input file and {"line N": (kind, reason)} for every planted bad line."""
+    root = tmp_path_factory.mktemp("rejects")
+    source = root / "in.jsonl"
+    write_jsonl(source, documents(24))
+    good = len(source.read_bytes().splitlines())
+    planted = {}
+    with source.open("ab") as handle:
+        for copy in range(BAD_COPIES):
+            for offset, (line, kind, reason) in enumerate(BAD_LINES):
+                handle.write(line + b"\n")
+                planted[f"line {good + 1 + copy * len(BAD_LINES) + offset}"] = (kind, reason)
+    out = root / "corpus"
+    assert main(["dedup", str(source), "-o", str(out), "--removed", str(root / "removed")]) == 0
+    return out, source, planted
+
+
+def test_a_run_that_rejects_every_record_exits_1_with_its_reasons_and_a_hint(
+        ray_local: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "posts.jsonl"
+    source.write_text("".join(json.dumps({"body": text, "title": "t", "url": f"https://x.example/{i}"}) + "\n"
+                              for i, text in enumerate(documents(6))))
+    count = len(source.read_text().splitlines())
+    out = str(tmp_path / "corpus")
+
+    assert main(["dedup", str(source), "-o", out]) == 1
+    captured = capsys.readouterr()
+    assert "rejected" in captured.out  # the statistics are printed as for any run
+    assert f"every input record was rejected; {out} is empty" in captured.err
+    assert f"{count} input records rejected: unparseable {count}" in captured.err
+    assert f"  {count:>12,}  unparseable: no 'text' field (has: body, title, url)" in captured.err
+    assert "hint: the records have no 'text' field (they have: body, title, url); name the field that holds " \
+           "the text with --text-column NAME" in captured.err
+    assert f"gristmill rejects {out}" in captured.err
+
+    # the hint works; the empty corpus is another job's, so replacing it takes --overwrite
+    assert main(["dedup", str(source), "-o", out, "--text-column", "body"]) == 2
+    assert main(["dedup", str(source), "-o", out, "--text-column", "body", "--overwrite"]) == 0
+    assert Corpus.open(out).stats["documents"]["rejected"] == 0
+
+
+def test_a_run_over_inputs_without_documents_exits_1(ray_local: None, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    out = str(tmp_path / "corpus")
+    assert main(["dedup", str(tmp_path / "empty.jsonl"), "-o", out]) == 1
+    assert f"the inputs hold no documents; {out} is empty" in capsys.readouterr().err
+
+
+def test_rejects_lists_every_reject_after_a_summary(with_rejects: tuple[Path, Path, dict],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out, source, planted = with_rejects
+    assert main(["rejects", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"{len(planted):,} input records rejected: unparseable {2 * BAD_COPIES:,}, "
+                        f"empty {BAD_COPIES:,}, invalid_utf8 {BAD_COPIES:,}")
+    assert lines[1:5] == [f"  {BAD_COPIES:>12,}  {kind}: {reason}" for kind, reason in (
+        ("unparseable", "no 'text' field (has: body, title)"),
+        ("unparseable", "unparseable line (Invalid control character at at column N)"),
+        ("empty", "empty text"), ("invalid_utf8", "invalid UTF-8 at byte N"))]
+    listed = [line for line in lines if line.startswith(f"{source}: ")]
+    assert len(listed) == len(planted)
+    first = min(planted, key=lambda position: int(position.split()[1]))
+    assert listed[0] == f"{source}: {first}: unparseable: no 'text' field (has: body, title)"
+
+    assert main(["rejects", str(out), "--kind", "empty", "--limit", "3"]) == 0
+    listed = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"{source}: ")]
+    assert len(listed) == 3 and all(line.endswith(": empty: empty text") for line in listed)
+
+
+def test_rejects_json_is_one_object_per_reject(with_rejects: tuple[Path, Path, dict],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    out, source, planted = with_rejects
+    assert main(["rejects", str(out), "--json"]) == 0
+    rejects = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {r["position"]: r["kind"] for r in rejects} == {p: kind for p, (kind, _) in planted.items()}
+    assert len(rejects) == len(planted)
+    assert all(r["source"] == str(source) and r["count"] == 1 for r in rejects)
+    assert all(r["reason"] == reason for r in rejects if (reason := planted[r["position"]][1]))
+
+
+def test_rejects_needs_a_corpus_that_records_them(with_rejects: tuple[Path, Path, dict], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    out, _, _ = with_rejects
+    assert main(["rejects", str(out.parent / "removed")]) == 2  # the removed documents record no rejects
+    assert "its manifest names no rejects file" in capsys.readouterr().err
+    assert main(["rejects", str(tmp_path)]) == 2
+    assert "no manifest" in capsys.readouterr().err
+
+
+def test_a_closed_pipe_is_not_an_error(with_rejects: tuple[Path, Path, dict]) -> None:
+    out, _, _ = with_rejects
+    # the reader goes before anything is written: the first write fails (`gristmill inspect X | true`)
+    early = subprocess.Popen([*GRISTMILL, "inspect", str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    early.stdout.close()
+    assert early.wait(timeout=60) == 0 and early.stderr.read() == b""
+    # the reader goes after one byte of a listing several pipes long (`gristmill rejects X | head -c1`)
+    late = subprocess.Popen([*GRISTMILL, "rejects", str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert late.stdout.read(1)
+    late.stdout.close()
+    assert late.wait(timeout=60) == 0 and late.stderr.read() == b""
+    listing = subprocess.run([*GRISTMILL, "rejects", str(out)], cwd=REPO, capture_output=True, check=True).stdout
+    assert len(listing) > 4 * PIPE_BUFFER  # so the writer above met the closed pipe, not an empty buffer
+
+
+def test_usage_and_input_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["rejects"], ["rejects", str(tmp_path), "--kind", "nope"], ["rejects", str(tmp_path), "--limit", "-1"],
+                 ["no-such-command"], ["dedup", str(tmp_path), "--threshold", "high"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2, argv
+    capsys.readouterr()
+    with ShardWriter(str(tmp_path / "plain")) as writer:  # a corpus without dedup statistics
+        pass
+    writer.commit()
+    assert main(["stats", str(tmp_path / "plain")]) == 2
+    assert "the manifest holds no statistics" in capsys.readouterr().err
+
+    shown = subprocess.run([*GRISTMILL, "--help"], cwd=REPO, capture_output=True, text=True)
+    assert shown.returncode == 0
+    assert "exit status:" in shown.stdout and "\n  130  interrupted (Ctrl-C)" in shown.stdout
+
+
+def _stop_session(process: subprocess.Popen) -> None:
+    """SIGKILL what is left of the processes the test's driver started (its Ray), by their session."""
+    listing = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
+    for line in listing.splitlines():
+        pid, sid = (int(x) for x in line.split())
+        if sid == process.pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_ctrl_c_exits_130_with_a_resume_hint_and_the_rerun_finishes(
+        ray_local: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    texts = documents(48)
+    for i in range(8):
+        write_jsonl(inputs / f"f{i}.jsonl", texts[i::8], prefix=f"f{i}-")
+    out = tmp_path / "out"
+    argv = ["dedup", str(inputs), "-o", str(out), "--split-bytes", "5000", "--num-partitions", "3"]
+    # a session of its own, signalled as a whole: what Ctrl-C in a terminal does to the foreground group
+    driver = subprocess.Popen([*GRISTMILL, *argv], cwd=REPO, start_new_session=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        done = out / "_work" / "read" / "done"
+        deadline = time.monotonic() + 180
+        while not list(done.glob("*.json")) and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert driver.poll() is None, driver.communicate()[1][-2000:]
+        os.killpg(driver.pid, signal.SIGINT)
+        _, err = driver.communicate(timeout=120)
+    finally:
+        _stop_session(driver)
+    assert not (out / "manifest.json").exists(), "the job finished before Ctrl-C; nothing was tested"
+    assert driver.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    assert err.rstrip().endswith("gristmill dedup: interrupted; run the same command again to resume")
+
+    assert main(argv) == 0
+    assert Corpus.open(str(out)).stats["documents"]["input"] == len(texts)
+    capsys.readouterr()
+    assert main(["rejects", str(out)]) == 0
+    assert capsys.readouterr().out == f"no rejects: every input record of {out} became a document\n"
+
+
+def test_a_damaged_or_missing_shard_is_an_input_error_naming_it(with_rejects: tuple[Path, Path, dict], tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    out, _, _ = with_rejects
+    corpus, removed = tmp_path / "corpus", tmp_path / "removed"
+    shutil.copytree(out, corpus)
+    shutil.copytree(out.parent / "removed", removed)
+    shard = Corpus.open(str(removed)).shard_path(Corpus.open(str(removed)).shards[0])
+    size = os.path.getsize(shard)
+    Path(shard).write_bytes(b"\0" * size)  # same size, not Parquet
+    assert main(["clusters", str(corpus), "--removed", str(removed)]) == 2
+    assert f"gristmill clusters: {corpus}: a shard cannot be read" in capsys.readouterr().err
+    os.remove(shard)
+    assert main(["clusters", str(corpus), "--removed", str(removed)]) == 2
+    assert shard in capsys.readouterr().err
