@@ -501,7 +501,7 @@ def _json_fallback(item: InputFile, position: str, raw: bytes, options: ReadOpti
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
-        return Reject(item.source, position, "unparseable", f"unparseable line ({exc.msg} at column {exc.colno})",
+        return Reject(item.source, position, "unparseable", f"unparseable line (column {exc.colno}: {exc.msg})",
                       len(raw))
     except RecursionError:
         return Reject(item.source, position, "unparseable", "unparseable line (nested too deeply)", len(raw))

@@ -106,7 +106,7 @@ def test_rejects_lists_every_reject_after_a_summary(with_rejects: tuple[Path, Pa
                         f"empty {BAD_COPIES:,}, invalid_utf8 {BAD_COPIES:,}")
     assert lines[1:5] == [f"  {BAD_COPIES:>12,}  {kind}: {reason}" for kind, reason in (
         ("unparseable", "no 'text' field (has: body, title)"),
-        ("unparseable", "unparseable line (Invalid control character at at column N)"),
+        ("unparseable", "unparseable line (column N: Invalid control character at)"),
         ("empty", "empty text"), ("invalid_utf8", "invalid UTF-8 at byte N"))]
     listed = [line for line in lines if line.startswith(f"{source}: ")]
     assert len(listed) == len(planted)
