@@ -29,14 +29,13 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from process_tree import REPO, measure  # noqa: E402
+
 DATA = REPO / "bench-data" / "pipeline_e2e"
 SOURCES = [
     ("/root/.pyenv/versions/*/**/*", (".py", ".c", ".h", ".rst", ".txt")),
@@ -99,79 +98,6 @@ def _version_free(path: str) -> tuple[str, str]:
     return re.sub(r"python\d\.\d+", "pythonX", key), path
 
 
-class TreeMemory:
-    """Peaks of the summed RSS and PSS of a process and all its descendants, and their CPU seconds.
-
-    RSS counts a shared page (Ray's object store, pages inherited across fork) once per process that
-    maps it; PSS splits it among them, so the PSS sum is the tree's real footprint. CPU seconds
-    (user + system, the last reading of every process seen) do not depend on how loaded the machine
-    is, so they compare the tools' work even when wall times are noisy.
-    """
-
-    def __init__(self, pid: int, interval: float = 0.2) -> None:
-        import psutil
-
-        self.root = psutil.Process(pid)
-        self.peak = self.peak_pss = 0
-        self.breakdown: list[tuple[str, int, int]] = []
-        self._cpu: dict[tuple[int, float], float] = {}
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        import psutil
-
-        while not self._stop.is_set():
-            try:
-                processes = [self.root, *self.root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                return
-            rss = pss = 0
-            rows = []
-            for process in processes:
-                try:
-                    with process.oneshot():
-                        memory = process.memory_full_info()
-                        times = process.cpu_times()
-                        name = " ".join(process.cmdline()[:3])[-60:] or process.name()
-                        self._cpu[(process.pid, process.create_time())] = times.user + times.system
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    continue
-                rss, pss = rss + memory.rss, pss + memory.pss
-                rows.append((name, memory.rss, memory.pss))
-            self.peak = max(self.peak, rss)
-            if pss > self.peak_pss:
-                self.peak_pss, self.breakdown = pss, sorted(rows, key=lambda row: -row[2])
-            time.sleep(self.interval)
-
-    def stop(self) -> dict[str, Any]:
-        self._stop.set()
-        self._thread.join()
-        return {"peak": self.peak, "peak_pss": self.peak_pss, "cpu": sum(self._cpu.values()),
-                "breakdown": self.breakdown}
-
-
-# Ray otherwise swaps 127.0.0.1 for the machine's network address; a one-machine benchmark stays on loopback.
-LOOPBACK_RAY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
-
-def _measure(command: list[str], log: Path) -> dict[str, Any]:
-    started = time.perf_counter()
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONPATH": str(REPO), **LOOPBACK_RAY})
-        memory = TreeMemory(process.pid)
-        code = process.wait()
-    wall = time.perf_counter() - started
-    measured = memory.stop()
-    if code != 0:
-        raise RuntimeError(f"{command[:4]} failed with {code}; see {log}")
-    (log.parent / f"{log.stem}-memory-at-peak.json").write_text(json.dumps(measured["breakdown"], indent=1))
-    return {"wall": wall, **measured}
-
-
 def run_gristmill(inputs: Path, work: Path) -> dict[str, Any]:
     out, removed = work / "corpus", work / "removed"
     python = REPO / ".venv-plain" / "bin" / "python"
@@ -180,7 +106,7 @@ def run_gristmill(inputs: Path, work: Path) -> dict[str, Any]:
     command = [str(python), "-m", "pipeline.cli", "dedup", str(inputs), "-o", str(out),
                "--removed", str(removed), "--num-perm", str(NUM_PERM), "--bands", str(BANDS), "--rows", str(ROWS),
                "--ngram", str(NGRAM)]
-    measured = _measure(command, work / "gristmill.log")
+    measured = measure(command, work / "gristmill.log")
     sys.path.insert(0, str(REPO))
     from pipeline.format import Corpus
 
@@ -192,7 +118,7 @@ def run_gristmill(inputs: Path, work: Path) -> dict[str, Any]:
 
 def run_datatrove(inputs: Path, work: Path) -> dict[str, Any]:
     command = [str(REPO / ".venv-bench" / "bin" / "python"), __file__, "--datatrove-job", str(inputs), str(work)]
-    measured = _measure(command, work / "datatrove.log")
+    measured = measure(command, work / "datatrove.log")
     ids = set()
     for path in glob.glob(str(work / "removed" / "*.jsonl*")):
         import gzip
