@@ -118,8 +118,8 @@ def run_http(docs: list[tuple[str, str]], batch: int, clients: int, base: str | 
 
 # -- the same service in-process ---------------------------------------------------------------
 def run_in_process(docs: list[tuple[str, str]], batch: int, base: str | None) -> dict:
+    from pipeline.format.signature_index import load_index, params_for
     from pipeline.service import DedupService, Doc
-    from pipeline.service_index import load_index, params_for
 
     with tempfile.TemporaryDirectory() as state:
         started = time.perf_counter()
@@ -155,7 +155,7 @@ def run_datasketch(docs: list[tuple[str, str]], base: str | None) -> dict:
     started = time.perf_counter()
     lsh = MinHashLSH(threshold=0.8, num_perm=128)
     if base:
-        from pipeline.service_index import load_index
+        from pipeline.format.signature_index import load_index
 
         _, table = load_index(base)
         with lsh.insertion_session() as session:
@@ -192,7 +192,7 @@ def build_base(count: int, folder: str) -> str:
     """A corpus index of ``count`` synthetic documents in the batch job's layout; returns its path."""
     from dedup.lsh import band_hashes
     from dedup.normalize import content_hashes
-    from pipeline.service_index import SignatureTable, params_for, write_index
+    from pipeline.format.signature_index import SignatureTable, params_for, write_index
 
     params = params_for(0.8, 128, 5)
     hasher = params.hasher()

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from pipeline.format import (
     MANIFEST_NAME,
+    RAW_CRAWL_SCHEMA,
     Corpus,
     CorpusError,
     ShardInfo,
@@ -31,22 +32,6 @@ from pipeline.format import (
 
 from .frontier import ResultLog
 
-# Columns of a raw crawl shard; docs/FORMAT.md, "Raw crawl shards", explains each.
-RAW_CRAWL_SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.string(), nullable=False),
-        pa.field("text", pa.string(), nullable=False),
-        pa.field("url", pa.string()),
-        pa.field("final_url", pa.string()),
-        pa.field("status", pa.int32()),
-        pa.field("fetch_time", pa.timestamp("ms", tz="UTC")),
-        pa.field("domain", pa.string()),
-        pa.field("language", pa.string()),
-        pa.field("content_hash", pa.string()),
-        pa.field("depth", pa.int32()),
-        pa.field("encoding", pa.string()),
-    ]
-)
 SHARD_PREFIX = "crawl"
 WARC_FOLDER = "warc"
 

@@ -42,20 +42,32 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import components
-from pipeline.folders import JOB_FINGERPRINT_KEY, FolderError, check_disjoint, claim
+from pipeline.folders import FolderError, check_disjoint, claim
 from pipeline.format import (
     CORPUS_SCHEMA,
+    JOB_FINGERPRINT_KEY,
+    REJECT_KINDS,
+    REJECT_SCHEMA,
+    REMOVED_SCHEMA,
     Corpus,
     CorpusError,
     ShardInfo,
     ShardWriter,
+    index_schema,
     open_fs,
     remove_unlisted,
     write_manifest,
 )
+from pipeline.format.signature_index import (
+    INDEX_FOLDER,
+    IndexParams,
+    ParamsError,
+    fixed_list,
+    list_matrix,
+    params_for,
+)
 from pipeline.inputs import (
     KEY_BITS,
-    REJECT_KINDS,
     Doc,
     InputFile,
     ReadOptions,
@@ -71,7 +83,6 @@ from pipeline.workdir import WorkDir, partition_of
 log = logging.getLogger("gristmill.dedup")
 
 STAGES = ("read", "exact", "sign", "buckets", "verify", "cc", "clusters", "write")
-INDEX_FOLDER = "_index"
 REJECTS_FOLDER = "_rejects"
 WORK_FOLDER = "_work"
 BYTES_PER_TOKEN = 4  # the approximate-token statistic: UTF-8 bytes / 4
@@ -100,31 +111,18 @@ EXACT_OUT_SCHEMA = pa.schema([
 ])
 BUCKET_SCHEMA = pa.schema([("hash", pa.uint64()), ("key", pa.int64())])
 CANDIDATE_SCHEMA = pa.schema([("left", pa.int64()), ("right", pa.int64())])
-REJECT_SCHEMA = pa.schema([
-    ("source", pa.string()), ("position", pa.string()), ("kind", pa.string()), ("reason", pa.string()),
-    ("bytes", pa.int64()), ("count", pa.int64()), ("origin", pa.string()),
-])
 CLUSTER_OUT_SCHEMA = pa.schema([
     ("key", pa.int64()), ("cluster_id", pa.string()), ("cluster_size", pa.int64()), ("rep_key", pa.int64()),
     ("rep_id", pa.string()), ("similarity", pa.float64()),
 ])
 EXACT_BY_REP_SCHEMA = pa.schema([("key", pa.int64()), ("rep_key", pa.int64())])
 EXACT_CLUSTER_SCHEMA = pa.schema([("key", pa.int64()), ("cluster_id", pa.string()), ("cluster_size", pa.int64())])
-REMOVED_SCHEMA = CORPUS_SCHEMA.append(pa.field("removed_as", pa.string())).append(
-    pa.field("duplicate_of", pa.string())).append(pa.field("similarity", pa.float64()))
 
 
 def _sig_schema(num_perm: int, bands: int) -> pa.Schema:
     return pa.schema([
         ("key", pa.int64()), ("id", pa.string()), ("content_hash", pa.string()), ("length", pa.int64()),
         ("copies", pa.int64()), ("existing", pa.bool_()),
-        ("signature", pa.list_(pa.uint64(), num_perm)), ("bands", pa.list_(pa.uint64(), bands)),
-    ])
-
-
-def _index_schema(num_perm: int, bands: int) -> pa.Schema:
-    return pa.schema([
-        ("id", pa.string()), ("content_hash", pa.string()), ("length", pa.int64()),
         ("signature", pa.list_(pa.uint64(), num_perm)), ("bands", pa.list_(pa.uint64(), bands)),
     ])
 
@@ -169,48 +167,20 @@ class DedupConfig:
         return cls(**dict(values))
 
 
-@dataclass(frozen=True)
-class _Params:
-    """The hashing parameters a corpus and its signature index were built with."""
-
-    num_perm: int
-    ngram: int
-    bands: int
-    rows: int
-    seed: int
-    threshold: float
-    verify: bool = False  # candidate edges checked against the threshold; absent (False) in older indexes
-
-    def hasher(self) -> Any:
-        from dedup.minhash import MinHasher
-
-        return MinHasher(num_perm=self.num_perm, ngram=self.ngram, seed=self.seed)
-
-
-def _params(config: DedupConfig) -> _Params:
-    from dedup.lsh import choose_bands
-    from dedup.minhash import DEFAULT_SEED
-
-    if not 0.0 < config.threshold < 1.0:
-        raise DedupError(f"threshold must be between 0 and 1, not {config.threshold}")
-    if (config.bands is None) != (config.rows is None):
-        raise DedupError("give both bands and rows, or neither")
-    if config.bands is not None and config.rows is not None:
-        bands, rows = config.bands, config.rows
-        if bands * rows > config.num_perm:
-            raise DedupError(f"{bands} bands x {rows} rows exceed num_perm {config.num_perm}")
-    else:
-        bands, rows = choose_bands(config.threshold, config.num_perm, verify=config.verify)
-    seed = DEFAULT_SEED if config.seed is None else config.seed
-    return _Params(config.num_perm, config.ngram, int(bands), int(rows), int(seed), config.threshold,
-                   bool(config.verify))
+def _params(config: DedupConfig) -> IndexParams:
+    """The hashing parameters of the job (its signature index records them); DedupError when impossible."""
+    try:
+        return params_for(config.threshold, config.num_perm, config.ngram, bands=config.bands, rows=config.rows,
+                          seed=config.seed, verify=config.verify)
+    except ParamsError as exc:
+        raise DedupError(str(exc)) from None
 
 
 # -- context shared by every task ----------------------------------------------------------------
 @dataclass
 class _Job:
     config: DedupConfig
-    params: _Params
+    params: IndexParams
     work: WorkDir
     splits: list[Split]  # new input, numbered after the existing index's pseudo-splits
     index_files: list[str]  # --against: one pseudo-split per index file
@@ -337,7 +307,7 @@ def _document_table(split_index: int, first: int, batch: list[tuple[Doc, str]], 
         "length": [len(t) for t in texts],  # characters: the survivor policy prefers the longest text
         "origin": [o for _, o in batch],
     }, schema=DOC_SCHEMA)
-    signed = pa.table({"content_hash": [hashes[i] for i in new], "signature": _fixed_list(signatures)},
+    signed = pa.table({"content_hash": [hashes[i] for i in new], "signature": fixed_list(signatures)},
                       schema=_hash_signature_schema(hasher.num_perm))
     return table, signed
 
@@ -368,7 +338,7 @@ def _read_index_split(job: _Job, split_index: int) -> dict[str, Any]:
             "bands": index["bands"],
         }, schema=_sig_schema(job.params.num_perm, job.params.bands))
         job.work.write_table(f"sigs/s={split_index:05d}.parquet", sigs)
-        _shuffle_bands(job, split_index, keys, _list_matrix(index["bands"], job.params.bands))
+        _shuffle_bands(job, split_index, keys, list_matrix(index["bands"], job.params.bands))
         return {"docs": index.num_rows}
 
     return _json_record(job.work, f"read/done/s={split_index:05d}.json", compute)
@@ -377,19 +347,9 @@ def _read_index_split(job: _Job, split_index: int) -> dict[str, Any]:
 def _read_index_file(job: _Job, url: str) -> pa.Table:
     import pyarrow.parquet as pq
 
-    from pipeline.format import open_fs
-
     fs, path = open_fs(url, job.config.storage_options)
     with fs.open(path, "rb") as handle:
-        return pq.read_table(handle, schema=_index_schema(job.params.num_perm, job.params.bands))
-
-
-def _list_matrix(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
-    """A fixed-size-list column as an (n, width) uint64 matrix without a Python loop."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if len(array) == 0:
-        return np.zeros((0, width), np.uint64)
-    return array.flatten().to_numpy(zero_copy_only=False).reshape(-1, width).astype(np.uint64, copy=False)
+        return pq.read_table(handle, schema=index_schema(job.params.num_perm, job.params.bands))
 
 
 # -- stage 2: exact ------------------------------------------------------------------------------
@@ -462,24 +422,19 @@ def _sign_split(job: _Job, split_index: int) -> dict[str, Any]:
         if rows.null_count:
             raise DedupError(f"split {split_index}: a document's content hash has no signature")
         signatures = signed["signature"].take(rows)
-        matrix = _list_matrix(signatures, job.params.num_perm)
+        matrix = list_matrix(signatures, job.params.num_perm)
         bands = band_hashes(matrix, job.params.bands, job.params.rows) if docs.num_rows else np.zeros(
             (0, job.params.bands), np.uint64)
         sigs = pa.table({
             "key": docs["key"], "id": docs["id"], "content_hash": docs["content_hash"], "length": docs["length"],
             "copies": pa.array(copies), "existing": pa.array(np.zeros(docs.num_rows, bool)),
-            "signature": signatures, "bands": _fixed_list(bands),  # (the column as read, not rebuilt from matrix)
+            "signature": signatures, "bands": fixed_list(bands),  # (the column as read, not rebuilt from matrix)
         }, schema=_sig_schema(job.params.num_perm, job.params.bands))
         job.work.write_table(f"sigs/s={split_index:05d}.parquet", sigs)
         _shuffle_bands(job, split_index, sigs["key"].to_numpy(), bands)
         return {"signed": sigs.num_rows}
 
     return _json_record(job.work, f"sign/done/s={split_index:05d}.json", compute)
-
-
-def _fixed_list(matrix: np.ndarray) -> pa.FixedSizeListArray:
-    width = matrix.shape[1]
-    return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1), pa.uint64()), width)
 
 
 def _shuffle_bands(job: _Job, split_index: int, keys: np.ndarray, bands: np.ndarray) -> None:
@@ -545,8 +500,8 @@ def _verify_right(job: _Job, split_index: int, cc_partitions: int) -> dict[str, 
         edges = job.work.read_folder(f"verify_right/s={split_index:05d}", schema)
         left, right = edges["left"].to_numpy(), edges["right"].to_numpy()
         if edges.num_rows:
-            similar = estimated_jaccard(_list_matrix(edges["left_signature"], num_perm),
-                                        _list_matrix(_signatures_of(job, split_index, edges["right"]), num_perm))
+            similar = estimated_jaccard(list_matrix(edges["left_signature"], num_perm),
+                                        list_matrix(_signatures_of(job, split_index, edges["right"]), num_perm))
             close = similar >= job.params.threshold  # the test dedup.verify_edges applies
             left, right = left[close], right[close]
         components.write_edges(job.work, "cc/r000", f"from-{split_index:05d}", left, right, components.round_op(0),
@@ -597,7 +552,7 @@ def _cluster_reduce(job: _Job, part: int) -> dict[str, Any]:
         is_rep, rep_index = choose_representatives(
             labels, table["length"].to_numpy(), table["id"], priority=table["existing"].to_numpy(zero_copy_only=False))
         rep_index = np.asarray(rep_index, dtype=np.int64)
-        signatures = _list_matrix(table["signature"], job.params.num_perm)
+        signatures = list_matrix(table["signature"], job.params.num_perm)
         similarity = estimated_jaccard(signatures, signatures[rep_index]) if len(keys) else np.zeros(0)
         _, inverse = np.unique(labels, return_inverse=True)
         sizes = np.bincount(inverse, weights=table["copies"].to_numpy()).astype(np.int64) if len(keys) else inverse
@@ -795,7 +750,7 @@ def _merge(total: dict[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
     return total
 
 
-def _fingerprint(config: DedupConfig, params: _Params, splits: list[Split], index_files: list[str]) -> str:
+def _fingerprint(config: DedupConfig, params: IndexParams, splits: list[Split], index_files: list[str]) -> str:
     """What the result depends on; a work folder from another job is discarded, not mixed in."""
     payload = {
         "files": [[f.url, f.size] for s in splits for f in s.files], "splits": [len(s.files) for s in splits],
@@ -806,7 +761,7 @@ def _fingerprint(config: DedupConfig, params: _Params, splits: list[Split], inde
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _against(config: DedupConfig, params: _Params) -> list[str]:
+def _against(config: DedupConfig, params: IndexParams) -> list[str]:
     """The index files of an existing corpus, after checking it was hashed the same way."""
     try:
         corpus = Corpus.open(config.against, config.storage_options)
@@ -1023,7 +978,7 @@ def _job_summary(config: DedupConfig) -> dict[str, Any]:
 
 
 def _final_stats(totals: dict[str, Any], timings: Mapping[str, float], resumed: list[str], cc: Mapping[str, Any],
-                 params: _Params, config: DedupConfig, wall: float) -> dict[str, Any]:
+                 params: IndexParams, config: DedupConfig, wall: float) -> dict[str, Any]:
     rejected = dict(totals.get("rejected", {}))
     documents = {
         "input": totals.get("kept", 0) + totals.get("exact_duplicate", 0) + totals.get("near_duplicate", 0)

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.folders import JOB_FINGERPRINT_KEY
-from pipeline.format import Corpus, CorpusError
+from pipeline.format import JOB_FINGERPRINT_KEY, Corpus, CorpusError
 
 REMOVED_COLUMNS = ("removed_as", "duplicate_of", "similarity")
 _META = ["id", "source", "domain", "language"]

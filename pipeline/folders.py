@@ -20,9 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.format import MANIFEST_NAME, Corpus, CorpusError, is_owned_file, open_fs
-
-JOB_FINGERPRINT_KEY = "job_fingerprint"  # in a manifest's ``extra``: which job wrote the corpus
+from pipeline.format import JOB_FINGERPRINT_KEY, MANIFEST_NAME, Corpus, CorpusError, is_owned_file, open_fs
 
 
 class FolderError(Exception):

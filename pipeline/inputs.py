@@ -46,7 +46,6 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 KEY_BITS = 32  # ordinal bits of a document key; a split holds at most 2**32 records
 
 
-REJECT_KINDS = ("invalid_utf8", "empty", "over_size_cap", "unparseable", "corrupt", "unsupported")
 WARC_DOCUMENT_TYPES = ("response", "resource", "conversion")
 # The other record types of WARC 1.1: skipped, not counted. A type outside both lists (perhaps a
 # damaged header) is an "unsupported" reject, so damage to the type never drops a record unseen.
@@ -107,7 +106,7 @@ class Reject:
 
     source: str
     position: str
-    kind: str  # one of REJECT_KINDS
+    kind: str  # one of pipeline.format.REJECT_KINDS
     reason: str
     bytes: int
     count: int = 1  # documents it stands for (a corrupt row group stands for all its rows)

@@ -18,8 +18,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from pipeline.format import Corpus, CorpusError
-from pipeline.inputs import REJECT_KINDS
+from pipeline.format import REJECT_KINDS, Corpus, CorpusError
 from pipeline.rejects import reject_batches, rejects_path, render_tally, tally
 
 HELP = "List the input records a dedup run rejected: file, position, kind and reason (--json: JSON Lines)."

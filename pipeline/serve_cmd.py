@@ -56,10 +56,9 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import signal
 
-    from pipeline.dedup_job import DedupError
     from pipeline.format import CorpusError
+    from pipeline.format.signature_index import load_index, params_for, write_index
     from pipeline.service import DedupService, LogError, check_bind, serve_forever
-    from pipeline.service_index import load_index, params_for, write_index
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -72,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             params, base = params_for(args.threshold, args.num_perm, args.ngram), None
         service = DedupService(params, os.path.join(args.state, LOG_NAME), base)
-    except (OSError, ValueError, CorpusError, DedupError, LogError) as exc:
+    except (OSError, ValueError, CorpusError, LogError) as exc:
         print(f"gristmill serve: {exc}", file=sys.stderr)
         return 2
     print(f"gristmill serve: {len(service.index)} documents ({service.index.base_count} from the index, "

@@ -46,7 +46,7 @@ from aiohttp import web
 
 from dedup.lsh import band_hashes
 from dedup.normalize import fold_prepared, hashes_of_folded, prepare
-from pipeline.service_index import IndexParams, SignatureTable, params_to_dict
+from pipeline.format.signature_index import IndexParams, SignatureTable, params_to_dict
 
 log = logging.getLogger("gristmill.serve")
 

@@ -13,9 +13,8 @@ import pytest
 import xxhash
 from test_crawl_support import CountingProxy, ServerThread, Site, crawl_sites, documents, outcomes, serve
 
-from crawlers.output import RAW_CRAWL_SCHEMA
 from crawlers.urls import url_id
-from pipeline.format import Corpus
+from pipeline.format import RAW_CRAWL_SCHEMA, Corpus
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = Path(__file__).resolve().parents[1]

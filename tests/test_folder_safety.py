@@ -231,7 +231,7 @@ def test_impossible_shard_numbers_are_refused(corpus_dir: Path, field: str, valu
 
 def test_index_files_in_extra_are_contained_for_serve_and_against(ray_local: None, raw: Path,
                                                                   tmp_path: Path) -> None:
-    from pipeline.service_index import load_index
+    from pipeline.format.signature_index import load_index
 
     out = tmp_path / "out"
     run_dedup(DedupConfig(inputs=[str(raw)], output=str(out), num_partitions=2))

@@ -22,8 +22,8 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.dedup_job import DOC_SCHEMA, REJECT_SCHEMA, DedupConfig, run_dedup
-from pipeline.format import CORPUS_SCHEMA, Corpus, ShardWriter
+from pipeline.dedup_job import DOC_SCHEMA, DedupConfig, run_dedup
+from pipeline.format import CORPUS_SCHEMA, REJECT_SCHEMA, Corpus, ShardWriter
 from pipeline.inputs import Doc, ReadOptions, Reject, read_file, resolve_inputs
 
 pytestmark = pytest.mark.timeout(300)

@@ -11,9 +11,8 @@ from html.parser import HTMLParser
 import pytest
 
 from pipeline import clusters_cmd
-from pipeline.dedup_job import REMOVED_SCHEMA
 from pipeline.duplicates import find_clusters, load_texts, open_removed
-from pipeline.format import CORPUS_SCHEMA, Corpus, CorpusError, ShardWriter
+from pipeline.format import CORPUS_SCHEMA, REMOVED_SCHEMA, Corpus, CorpusError, ShardWriter
 from pipeline.report import (
     _nice_step,
     cluster_size_bins,

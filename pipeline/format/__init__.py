@@ -1,0 +1,41 @@
+"""The gristmill corpus format: the contract between every writer and every reader (docs/FORMAT.md).
+
+One module per job: ``schemas`` (every Arrow schema), ``storage`` (fsspec URLs), ``manifest`` (the
+commit point and every rule about the paths it names), ``writer`` (shards), ``reader`` (:class:`Corpus`)
+and ``signature_index`` (the index a dedup run keeps for later runs and the service). Floor 1 of the
+layering in DESIGN.md: it imports nothing of ours but ``dedup``, and neither Ray nor aiohttp, so the
+loader and the crawler can use it cheaply. The names below are the contract most callers need.
+"""
+
+from pipeline.format.manifest import (
+    FORMAT_VERSION,
+    JOB_FINGERPRINT_KEY,
+    MANIFEST_NAME,
+    ChecksumMismatch,
+    CorpusError,
+    Manifest,
+    RowGroupInfo,
+    ShardInfo,
+    is_owned_file,
+    member_path,
+    remove_unlisted,
+    write_manifest,
+)
+from pipeline.format.reader import Corpus, VerifyResult
+from pipeline.format.schemas import (
+    CORPUS_SCHEMA,
+    RAW_CRAWL_SCHEMA,
+    REJECT_KINDS,
+    REJECT_SCHEMA,
+    REMOVED_SCHEMA,
+    index_schema,
+)
+from pipeline.format.storage import open_fs
+from pipeline.format.writer import ShardWriter
+
+__all__ = [
+    "CORPUS_SCHEMA", "FORMAT_VERSION", "JOB_FINGERPRINT_KEY", "MANIFEST_NAME", "RAW_CRAWL_SCHEMA", "REJECT_KINDS",
+    "REJECT_SCHEMA", "REMOVED_SCHEMA", "ChecksumMismatch", "Corpus", "CorpusError", "Manifest", "RowGroupInfo",
+    "ShardInfo", "ShardWriter", "VerifyResult", "index_schema", "is_owned_file", "member_path", "open_fs",
+    "remove_unlisted", "write_manifest",
+]

@@ -1,0 +1,145 @@
+"""The reader: a committed corpus, exactly what its manifest lists, with checksum verification on demand.
+
+This module imports neither Ray nor aiohttp, so the loader and the commands can use it cheaply.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+
+from pipeline.format.manifest import (
+    CHECKSUM_ALGORITHM,
+    MANIFEST_NAME,
+    CorpusError,
+    Manifest,
+    ShardInfo,
+    manifest_location,
+    member_path,
+)
+from pipeline.format.storage import is_local, open_fs
+
+
+def checksum_of(fs: fsspec.AbstractFileSystem, path: str, chunk_bytes: int = 8 * 1024 * 1024) -> str:
+    """Stream a file through xxh3-128 without holding it in memory."""
+    digest = xxhash.xxh3_128()
+    with fs.open(path, "rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            digest.update(chunk)
+    return f"{CHECKSUM_ALGORITHM}:{digest.hexdigest()}"
+
+@dataclass(frozen=True)
+class VerifyResult:
+    path: str
+    ok: bool
+    detail: str
+
+
+class Corpus:
+    """A committed corpus: what its manifest lists, with on-demand checksum verification."""
+
+    def __init__(self, url: str, manifest: Manifest, fs: fsspec.AbstractFileSystem, root: str) -> None:
+        self.url = url
+        self.manifest = manifest
+        self.fs = fs
+        self.root = root
+
+    @classmethod
+    def open(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> Corpus:
+        fs, root = open_fs(url, storage_options)
+        where = manifest_location(url, fs, root)
+        try:
+            text = fs.cat_file(posixpath.join(root, MANIFEST_NAME)).decode("utf-8")
+        except FileNotFoundError:
+            raise CorpusError(f"{where}: no manifest; not a corpus, or its writer never committed") from None
+        except UnicodeDecodeError:
+            raise CorpusError(f"{where}: manifest is not UTF-8 text") from None
+        corpus = cls(url, Manifest.from_json(text, where), fs, root)
+        corpus._check_local_links()
+        return corpus
+
+    def member_path(self, relative: Any, what: str) -> str:
+        """The full path of a file the manifest names (an index or rejects file in ``extra``), if it is
+        inside the corpus folder; :class:`CorpusError` naming the manifest and the entry otherwise."""
+        path = member_path(self.root, relative, self._where, what)
+        if is_local(self.fs):
+            self._check_inside(path, what)
+        return path
+
+    @property
+    def _where(self) -> str:
+        return manifest_location(self.url, self.fs, self.root)
+
+    def _check_local_links(self) -> None:
+        """On a local disk a listed name may still be a symbolic link to a file elsewhere: refuse it."""
+        if is_local(self.fs):
+            for shard in self.shards:
+                self._check_inside(self.shard_path(shard), "shard path")
+
+    def _check_inside(self, path: str, what: str) -> None:
+        real_root = os.path.realpath(self.root)
+        if not os.path.realpath(path).startswith(real_root.rstrip(os.sep) + os.sep):
+            raise CorpusError(f"{self._where}: {what} {posixpath.relpath(path, self.root)!r} resolves outside the "
+                              "corpus folder (a symbolic link); a manifest may only name files inside its corpus folder")
+
+    @property
+    def shards(self) -> list[ShardInfo]:
+        return self.manifest.shards
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.manifest.schema
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return self.manifest.stats
+
+    @property
+    def num_rows(self) -> int:
+        return self.manifest.num_rows
+
+    def shard_path(self, shard: ShardInfo) -> str:
+        return posixpath.join(self.root, shard.path)
+
+    def verify_shard(self, shard: ShardInfo) -> VerifyResult:
+        """Re-read one shard and compare its size and checksum with the manifest."""
+        path = self.shard_path(shard)
+        try:
+            size = self.fs.size(path)
+            if size != shard.bytes:
+                return VerifyResult(path, False, f"size {size} bytes, manifest says {shard.bytes}")
+            actual = checksum_of(self.fs, path)
+        except FileNotFoundError:
+            return VerifyResult(path, False, "missing")
+        if actual != shard.checksum:
+            return VerifyResult(path, False, f"checksum {actual}, manifest says {shard.checksum}")
+        return VerifyResult(path, True, "ok")
+
+    def verify(self) -> list[VerifyResult]:
+        return [self.verify_shard(s) for s in self.shards]
+
+    def read_shard(self, shard: ShardInfo, columns: list[str] | None = None) -> pa.Table:
+        with self.fs.open(self.shard_path(shard), "rb") as handle:
+            # use_threads=False: threaded reads through a Python file object abort the process at exit
+            # now and then (apache/arrow#34314); one shard at a time needs no threads.
+            return pq.read_table(handle, columns=columns, use_threads=False)
+
+    def iter_tables(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
+        """Every shard in manifest order, one table each."""
+        for shard in self.shards:
+            yield self.read_shard(shard, columns)
+
+    def to_table(self, columns: list[str] | None = None) -> pa.Table:
+        tables = list(self.iter_tables(columns))
+        if not tables:
+            return self.schema.empty_table() if columns is None else pa.schema(
+                [self.schema.field(c) for c in columns]).empty_table()
+        return pa.concat_tables(tables)

@@ -1,0 +1,63 @@
+"""Every Arrow schema a gristmill folder holds: the corpus, the removed documents, the rejects, the
+raw crawl and the signature index (docs/FORMAT.md explains each column).
+
+Why one module: a schema is the contract between a writer and its readers (the job, the crawler, the
+loader, the service and the commands); kept together, a change to one is seen next to the others.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+# The columns of a deduplicated corpus; docs/FORMAT.md explains each one.
+CORPUS_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("source", pa.string()),
+        pa.field("domain", pa.string()),
+        pa.field("language", pa.string()),
+        pa.field("fetch_time", pa.timestamp("ms", tz="UTC")),
+        pa.field("content_hash", pa.string()),
+        pa.field("cluster_id", pa.string()),
+        pa.field("cluster_size", pa.int32()),
+        pa.field("is_representative", pa.bool_()),
+    ]
+)
+REQUIRED_COLUMNS = ("id", "text")  # every schema a ShardWriter writes has them
+
+# The removed documents of a dedup run (``gristmill dedup --removed``): corpus rows plus why each went.
+REMOVED_SCHEMA = CORPUS_SCHEMA.append(pa.field("removed_as", pa.string())).append(
+    pa.field("duplicate_of", pa.string())).append(pa.field("similarity", pa.float64()))
+
+# The input records a dedup run could not turn into documents (the rejects file beside a corpus).
+REJECT_KINDS = ("invalid_utf8", "empty", "over_size_cap", "unparseable", "corrupt", "unsupported")
+REJECT_SCHEMA = pa.schema([
+    ("source", pa.string()), ("position", pa.string()), ("kind", pa.string()), ("reason", pa.string()),
+    ("bytes", pa.int64()), ("count", pa.int64()), ("origin", pa.string()),
+])
+
+# Columns of a raw crawl shard; docs/FORMAT.md, "Raw crawl shards", explains each.
+RAW_CRAWL_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("url", pa.string()),
+        pa.field("final_url", pa.string()),
+        pa.field("status", pa.int32()),
+        pa.field("fetch_time", pa.timestamp("ms", tz="UTC")),
+        pa.field("domain", pa.string()),
+        pa.field("language", pa.string()),
+        pa.field("content_hash", pa.string()),
+        pa.field("depth", pa.int32()),
+        pa.field("encoding", pa.string()),
+    ]
+)
+
+
+def index_schema(num_perm: int, bands: int) -> pa.Schema:
+    """A signature index file: one row per kept document, its MinHash signature and band hashes."""
+    return pa.schema([
+        ("id", pa.string()), ("content_hash", pa.string()), ("length", pa.int64()),
+        ("signature", pa.list_(pa.uint64(), num_perm)), ("bands", pa.list_(pa.uint64(), bands)),
+    ])

@@ -1,0 +1,186 @@
+"""The signature index: what a corpus keeps of every kept document for later dedup runs and the service.
+
+``gristmill dedup`` writes it beside every corpus, ``gristmill dedup --against`` reads it back and
+``gristmill serve`` loads it: Parquet files under ``_index/`` with one row per kept document (``id``,
+``content_hash``, ``length``, ``signature``, ``bands``; :func:`pipeline.format.schemas.index_schema`)
+and, in the corpus manifest, ``extra.signature_index = {"files": [...], "params": {num_perm, ngram,
+bands, rows, seed, threshold, verify}}`` (``verify``: whether the job checked candidate edges against
+the threshold, which also chose recall-leaning bands; indexes written before it existed lack it and
+read as ``False``). The service always checks candidates against the threshold, whatever the index
+says; ``verify`` only records how the bands were chosen, so an exported index and a later
+``gristmill dedup --against`` agree. A corpus written by :func:`write_index` has no shards, only that
+index, which is what ``--against`` reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.format.manifest import CorpusError, write_manifest
+from pipeline.format.reader import Corpus
+from pipeline.format.schemas import CORPUS_SCHEMA, index_schema
+from pipeline.format.storage import open_fs
+
+__all__ = ["INDEX_FOLDER", "IndexParams", "ParamsError", "SignatureTable", "fixed_list", "list_matrix", "load_index",
+           "params_for", "params_from_dict", "params_to_dict", "write_index"]
+
+INDEX_FOLDER = "_index"
+
+
+class ParamsError(ValueError):
+    """Hashing parameters that cannot work together (a threshold outside (0, 1), bands x rows > num_perm)."""
+
+
+@dataclass(frozen=True)
+class IndexParams:
+    """The hashing parameters a corpus and its signature index were built with."""
+
+    num_perm: int
+    ngram: int
+    bands: int
+    rows: int
+    seed: int
+    threshold: float
+    verify: bool = False  # candidate edges checked against the threshold; absent (False) in older indexes
+
+    def hasher(self) -> Any:
+        from dedup.minhash import MinHasher
+
+        return MinHasher(num_perm=self.num_perm, ngram=self.ngram, seed=self.seed)
+
+
+def params_to_dict(params: IndexParams) -> dict[str, Any]:
+    return dataclasses.asdict(params)
+
+
+def params_for(threshold: float, num_perm: int, ngram: int, *, bands: int | None = None, rows: int | None = None,
+               seed: int | None = None, verify: bool = True) -> IndexParams:
+    """The parameters ``gristmill dedup`` picks for these settings: the given ``bands`` x ``rows`` or, by
+    default, the best for the threshold (recall-leaning when ``verify``: the service checks every
+    candidate against the threshold). :class:`ParamsError` when they cannot work together."""
+    from dedup.lsh import choose_bands
+    from dedup.minhash import DEFAULT_SEED
+
+    if not 0.0 < threshold < 1.0:
+        raise ParamsError(f"threshold must be between 0 and 1, not {threshold}")
+    if (bands is None) != (rows is None):
+        raise ParamsError("give both bands and rows, or neither")
+    if bands is not None and rows is not None:
+        if bands * rows > num_perm:
+            raise ParamsError(f"{bands} bands x {rows} rows exceed num_perm {num_perm}")
+    else:
+        bands, rows = choose_bands(threshold, num_perm, verify=verify)
+    return IndexParams(num_perm, ngram, int(bands), int(rows), int(DEFAULT_SEED if seed is None else seed),
+                       threshold, bool(verify))
+
+
+def params_from_dict(values: Mapping[str, Any], where: str) -> IndexParams:
+    """Parameters from a manifest, with an error naming the manifest when one is missing or wrong."""
+    try:
+        return IndexParams(
+            num_perm=int(values["num_perm"]),
+            ngram=int(values["ngram"]),
+            bands=int(values["bands"]),
+            rows=int(values["rows"]),
+            seed=int(values["seed"]),
+            threshold=float(values["threshold"]),
+            verify=bool(values.get("verify", False)),
+        )
+    except KeyError as exc:
+        raise CorpusError(f"{where}: signature index parameters lack {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise CorpusError(f"{where}: signature index parameters are malformed ({exc})") from None
+
+
+@dataclass
+class SignatureTable:
+    """Index rows as arrays: ids, exact hashes, text lengths (characters), signatures and band hashes."""
+
+    ids: list[str]
+    content_hashes: list[str]
+    lengths: np.ndarray
+    signatures: np.ndarray
+    bands: np.ndarray
+
+    def to_arrow(self, params: IndexParams) -> pa.Table:
+        return pa.table(
+            {
+                "id": pa.array(self.ids, pa.string()),
+                "content_hash": pa.array(self.content_hashes, pa.string()),
+                "length": pa.array(self.lengths, pa.int64()),
+                "signature": fixed_list(self.signatures),
+                "bands": fixed_list(self.bands),
+            },
+            schema=index_schema(params.num_perm, params.bands),
+        )
+
+
+def fixed_list(matrix: np.ndarray) -> pa.FixedSizeListArray:
+    """An (n, width) uint64 matrix as a fixed-size-list column (signatures, band hashes) without a copy per row."""
+    return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1), pa.uint64()), matrix.shape[1])
+
+
+def list_matrix(column: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
+    """A fixed-size-list column as an (n, width) uint64 matrix without a Python loop."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if len(array) == 0:
+        return np.zeros((0, width), np.uint64)
+    return array.flatten().to_numpy(zero_copy_only=False).reshape(-1, width).astype(np.uint64, copy=False)
+
+
+def load_index(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[IndexParams, SignatureTable]:
+    """Every index file a corpus's manifest lists, as one table, plus its parameters."""
+    corpus = Corpus.open(url, storage_options)
+    index = corpus.manifest.extra.get("signature_index")
+    if not isinstance(index, Mapping) or not isinstance(index.get("files"), list):
+        raise CorpusError(f"{url}: the corpus has no signature index (not built by gristmill dedup)")
+    params = params_from_dict(index.get("params") or {}, f"{url}/manifest.json")
+    schema = index_schema(params.num_perm, params.bands)
+    tables = []
+    for name in index["files"]:
+        path = corpus.member_path(name, "signature index file")
+        try:
+            with corpus.fs.open(path, "rb") as handle:
+                tables.append(pq.read_table(handle, schema=schema))
+        except (OSError, pa.ArrowException) as exc:
+            raise CorpusError(f"{url}/{name}: cannot read signature index file ({exc})") from None
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    return params, SignatureTable(
+        ids=table["id"].to_pylist(),
+        content_hashes=table["content_hash"].to_pylist(),
+        lengths=table["length"].to_numpy(),
+        signatures=list_matrix(table["signature"], params.num_perm),
+        bands=list_matrix(table["bands"], params.bands),
+    )
+
+
+def write_index(
+    url: str,
+    params: IndexParams,
+    table: SignatureTable,
+    *,
+    stats: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> str:
+    """Publish ``table`` as a shard-less corpus whose signature index ``gristmill dedup --against`` reads.
+
+    The index file is written first under a unique name, the manifest last (the commit point), so a
+    crash leaves any earlier export intact. Returns the index file's relative name.
+    """
+    fs, root = open_fs(url, storage_options)
+    name = f"{INDEX_FOLDER}/index-service-{uuid.uuid4().hex[:12]}.parquet"
+    fs.makedirs(posixpath.join(root, INDEX_FOLDER), exist_ok=True)
+    with fs.open(posixpath.join(root, name), "wb") as handle:
+        pq.write_table(table.to_arrow(params), handle, compression="zstd")
+    extra = {"signature_index": {"files": [name], "params": params_to_dict(params)}}
+    write_manifest(url, [], CORPUS_SCHEMA, stats=dict(stats or {}), extra=extra, storage_options=storage_options)
+    return name
