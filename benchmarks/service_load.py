@@ -119,7 +119,7 @@ def run_http(docs: list[tuple[str, str]], batch: int, clients: int, base: str | 
 # -- the same service in-process ---------------------------------------------------------------
 def run_in_process(docs: list[tuple[str, str]], batch: int, base: str | None) -> dict:
     from pipeline.format.signature_index import load_index, params_for
-    from pipeline.service import DedupService, Doc
+    from pipeline.service.server import DedupService, Doc
 
     with tempfile.TemporaryDirectory() as state:
         started = time.perf_counter()

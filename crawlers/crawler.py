@@ -273,7 +273,7 @@ class Crawler:
         self._extract_slots = asyncio.Semaphore(max(4, 4 * cfg.extract_workers))
         self._slots = asyncio.Semaphore(cfg.concurrency)
         if cfg.dedup_service:
-            from pipeline.service_client import AsyncDedupClient  # only when asked for: stdlib + aiohttp
+            from pipeline.service.client import AsyncDedupClient  # only when asked for: stdlib + aiohttp
 
             self._dedup = await AsyncDedupClient(cfg.dedup_service, cfg.dedup_service_token).open()
         self._documents = self.frontier.documents()
@@ -763,7 +763,7 @@ class Crawler:
         when it cannot answer, the page is stored and the error counted. A match with this page's own
         id (it was added before a crash kept it from being stored) does not count as a duplicate.
         """
-        from pipeline.service_client import ServiceError
+        from pipeline.service.client import ServiceError
 
         try:
             [result] = await self._dedup.add([(row["id"], row["text"])])

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _token(args: argparse.Namespace) -> str | None:
     """The bearer token from ``--token-file`` or the environment; a blank one is an error, not "no token"."""
-    from pipeline.service import check_token
+    from pipeline.service.server import check_token
 
     if args.token_file:
         try:
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     from pipeline.format import CorpusError
     from pipeline.format.signature_index import load_index, params_for, write_index
-    from pipeline.service import DedupService, LogError, check_bind, serve_forever
+    from pipeline.service.server import DedupService, LogError, check_bind, serve_forever
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

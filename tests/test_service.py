@@ -26,8 +26,8 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.format.signature_index import IndexParams, SignatureTable, load_index, write_index
-from pipeline.service import DedupService, LogError
-from pipeline.service_client import AsyncDedupClient, DedupClient, ServiceError
+from pipeline.service.client import AsyncDedupClient, DedupClient, ServiceError
+from pipeline.service.server import DedupService, LogError
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = [f"w{i}" for i in range(5000)]

@@ -16,7 +16,7 @@ from test_service import start_server, text, variant
 
 from pipeline.cli import main
 from pipeline.format import Corpus
-from pipeline.service_client import DedupClient
+from pipeline.service.client import DedupClient
 
 PAGES = {
     "/a": text(500),
