@@ -1,7 +1,7 @@
 """``gristmill dedup INPUT... -o CORPUS``: raw documents in, a deduplicated corpus out (on Ray).
 
 Options given on the command line win over the TOML job file (``--job job.toml``), which can hold
-any key of :class:`pipeline.dedup_job.DedupConfig` at its top level or under ``[dedup]``.
+any key of :class:`pipeline.job.DedupConfig` at its top level or under ``[dedup]``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def load_job_file(path: str) -> dict[str, Any]:
 
 def config_from_args(args: argparse.Namespace) -> Any:
     """Merge the job file and the command line (the command line wins) into a DedupConfig."""
-    from pipeline.dedup_job import DedupConfig, DedupError
+    from pipeline.job import DedupConfig, DedupError
 
     values: dict[str, Any] = load_job_file(args.job) if args.job else {}
     if args.inputs:
@@ -90,9 +90,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     import ray
 
-    from pipeline.dedup_job import DedupError, job_stages, run_dedup
     from pipeline.format import CorpusError
-    from pipeline.inputs import InputError
+    from pipeline.job import DedupError, job_stages, run_dedup
+    from pipeline.job.inputs import InputError
     from pipeline.progress import stage_bar
     from pipeline.stats_cmd import render
 

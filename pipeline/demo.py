@@ -71,7 +71,7 @@ def deduplicate(raw: Path, corpus: Path, removed: Path) -> dict[str, Any]:
     """Run the dedup job on a local two-CPU Ray; returns the statistics it stored in the manifest."""
     import ray
 
-    from pipeline.dedup_job import DedupConfig, job_stages, run_dedup
+    from pipeline.job import DedupConfig, job_stages, run_dedup
 
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)

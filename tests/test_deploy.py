@@ -73,7 +73,7 @@ def test_cluster_launcher_and_dockerfile_agree() -> None:
     assert f"-t {IMAGE} ." in dockerfile
     for package in ("pipeline", "crawlers", "dedup", "loaders"):
         assert f"COPY --chown=ray:users {package} ./{package}" in dockerfile
-    from pipeline.dedup_job import WORKER_ALLOCATOR_ENV
+    from pipeline.job.driver import WORKER_ALLOCATOR_ENV
 
     assert "ENV " + " ".join(f"{k}={v}" for k, v in WORKER_ALLOCATOR_ENV.items()) in dockerfile
     exposed = re.search(r"^EXPOSE (.+)$", dockerfile, re.M)

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from test_pipeline_data import documents, write_jsonl
 
 from pipeline.cli import main
-from pipeline.dedup_job import DedupConfig, DedupError, run_dedup
 from pipeline.format import CORPUS_SCHEMA, Corpus, CorpusError, ShardWriter, member_path
-from pipeline.inputs import InputError
+from pipeline.job import DedupConfig, DedupError, run_dedup
+from pipeline.job.inputs import InputError
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -129,7 +129,7 @@ def test_a_different_job_is_refused_then_replaces_with_overwrite_and_stale_files
 
 def test_stale_files_stay_until_the_new_manifest_commits(ray_local: None, raw: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipeline.dedup_job as job
+    import pipeline.job.driver as job
 
     out = tmp_path / "out"
     run_dedup(DedupConfig(inputs=[str(raw)], output=str(out), num_partitions=2))
@@ -265,7 +265,7 @@ def test_a_folder_walk_reads_a_nested_corpus_by_its_manifest_only(ray_local: Non
                                                                   tmp_path: Path) -> None:
     """An earlier corpus (with its _index, _rejects and an unlisted stray shard) inside an input folder
     counts its listed rows once; a glob over it keeps only the shards its manifest lists."""
-    from pipeline.inputs import resolve_inputs
+    from pipeline.job.inputs import resolve_inputs
 
     first = tmp_path / "first"
     run_dedup(DedupConfig(inputs=[str(raw)], output=str(first), num_partitions=2))

@@ -22,9 +22,9 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.dedup_job import DOC_SCHEMA, DedupConfig, run_dedup
 from pipeline.format import CORPUS_SCHEMA, REJECT_SCHEMA, Corpus, ShardWriter
-from pipeline.inputs import Doc, ReadOptions, Reject, read_file, resolve_inputs
+from pipeline.job.driver import DOC_SCHEMA, DedupConfig, run_dedup
+from pipeline.job.inputs import Doc, ReadOptions, Reject, read_file, resolve_inputs
 
 pytestmark = pytest.mark.timeout(300)
 READERS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

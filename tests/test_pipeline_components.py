@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dedup.cluster import connected_components as union_find_components
-from pipeline import components
-from pipeline.workdir import WorkDir
+from pipeline.job import components
+from pipeline.job.workdir import WorkDir
 
 KEY_BITS = 32
 

@@ -15,8 +15,8 @@ from test_pipeline_data import MAX_DOC_BYTES, documents, mixed_input, near_copy,
 
 from dedup import deduplicate
 from pipeline.cli import main
-from pipeline.dedup_job import STAGES, DedupConfig, DedupError, job_stages, run_dedup
 from pipeline.format import Corpus
+from pipeline.job import STAGES, DedupConfig, DedupError, job_stages, run_dedup
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from test_pipeline_data import MAX_DOC_BYTES, mixed_input
 
-from pipeline.inputs import InputError, ReadOptions, Reject, plan_splits, read_file, resolve_inputs
+from pipeline.job.inputs import InputError, ReadOptions, Reject, plan_splits, read_file, resolve_inputs
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from test_pipeline_data import documents, write_jsonl
 
-from pipeline.dedup_job import DedupConfig, run_dedup
 from pipeline.format import Corpus
+from pipeline.job import DedupConfig, run_dedup
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[1]

@@ -315,7 +315,7 @@ def test_serves_an_index_and_exports_one_that_loads_back(tmp_path: Path) -> None
     assert np.array_equal(table.signatures[5], hasher.signatures([text(300)])[0])
 
     # the batch job's own --against code accepts the export (checks the parameters, reads the files)
-    from pipeline.dedup_job import DedupConfig, _against, _params, _read_index_file
+    from pipeline.job.driver import DedupConfig, _against, _params, _read_index_file
 
     config = DedupConfig(inputs=[], output=str(tmp_path / "next"), against=str(tmp_path / "out"), num_perm=64,
                          ngram=3, bands=8, rows=8, seed=7, threshold=0.7)

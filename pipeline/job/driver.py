@@ -41,8 +41,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import components
-from pipeline.folders import FolderError, check_disjoint, claim
 from pipeline.format import (
     CORPUS_SCHEMA,
     JOB_FINGERPRINT_KEY,
@@ -66,7 +64,9 @@ from pipeline.format.signature_index import (
     list_matrix,
     params_for,
 )
-from pipeline.inputs import (
+from pipeline.job import components
+from pipeline.job.folders import FolderError, check_disjoint, claim
+from pipeline.job.inputs import (
     KEY_BITS,
     Doc,
     InputFile,
@@ -78,7 +78,7 @@ from pipeline.inputs import (
     read_file,
     resolve_inputs,
 )
-from pipeline.workdir import WorkDir, partition_of
+from pipeline.job.workdir import WorkDir, partition_of
 
 log = logging.getLogger("gristmill.dedup")
 
@@ -924,7 +924,7 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
 
 
 def _claim_folders(config: DedupConfig, files: list[InputFile], fingerprint: str) -> Corpus | None:
-    """Check the folders before any work (``pipeline.folders``); the committed corpus if this job finished."""
+    """Check the folders before any work (``pipeline.job.folders``); the committed corpus if this job finished."""
     outputs = {"-o": config.output, "--removed": config.removed, "--against": config.against}
     # a folder INPUT is walked (and a ** glob's fixed prefix is): nothing may be written inside it
     inputs = [(spec, _walked_folder(spec)) for spec in config.inputs]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.workdir import WorkDir, partition_of
+from pipeline.job.workdir import WorkDir, partition_of
 
 EDGE_SCHEMA = pa.schema([pa.field("u", pa.int64()), pa.field("v", pa.int64())])
 LABEL_SCHEMA = pa.schema([pa.field("key", pa.int64()), pa.field("label", pa.int64())])
