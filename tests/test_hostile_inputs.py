@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.format import CORPUS_SCHEMA, REJECT_SCHEMA, Corpus, ShardWriter
-from pipeline.job.driver import DOC_SCHEMA, DedupConfig, run_dedup
+from pipeline.job import DedupConfig, run_dedup
+from pipeline.job.datasets import DOC_SCHEMA
 from pipeline.job.inputs import Doc, ReadOptions, Reject, read_file, resolve_inputs
 
 pytestmark = pytest.mark.timeout(300)

@@ -11,6 +11,7 @@ import pytest
 
 from dedup.cluster import connected_components as union_find_components
 from pipeline.job import components
+from pipeline.job.datasets import LABELS, cc_edges
 from pipeline.job.workdir import WorkDir
 
 KEY_BITS = 32
@@ -22,9 +23,9 @@ def _sequential(function: Any, argument_lists: list[tuple[Any, ...]]) -> list[An
 
 def _labels(tmp_path: Path, left: np.ndarray, right: np.ndarray, partitions: int) -> tuple[dict[int, int], dict]:
     work = WorkDir(str(tmp_path / f"work-{partitions}"))
-    components.write_edges(work, "cc/r000", "input", left, right, components.round_op(0), partitions)
+    components.write_edges(work, cc_edges(0), "input", left, right, components.round_op(0), partitions)
     summary = components.connected_components(work, partitions, _sequential, KEY_BITS)
-    table = work.read_folder("labels/*", components.LABEL_SCHEMA)
+    table = work.read_folder(f"{LABELS.folder}/*", components.LABEL_SCHEMA)
     return dict(zip(table["key"].to_pylist(), table["label"].to_pylist(), strict=True)), summary
 
 

@@ -315,10 +315,12 @@ def test_serves_an_index_and_exports_one_that_loads_back(tmp_path: Path) -> None
     assert np.array_equal(table.signatures[5], hasher.signatures([text(300)])[0])
 
     # the batch job's own --against code accepts the export (checks the parameters, reads the files)
-    from pipeline.job.driver import DedupConfig, _against, _params, _read_index_file
+    from pipeline.job.config import DedupConfig, index_params
+    from pipeline.job.plan import against_index_files
+    from pipeline.job.read import read_index_file
 
     config = DedupConfig(inputs=[], output=str(tmp_path / "next"), against=str(tmp_path / "out"), num_perm=64,
                          ngram=3, bands=8, rows=8, seed=7, threshold=0.7)
-    job = SimpleNamespace(config=config, params=_params(config))
-    [index_file] = _against(config, job.params)
-    assert _read_index_file(job, index_file)["id"].to_pylist() == table.ids
+    job = SimpleNamespace(config=config, params=index_params(config))
+    [index_file] = against_index_files(config, job.params)
+    assert read_index_file(job, index_file)["id"].to_pylist() == table.ids

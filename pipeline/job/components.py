@@ -4,8 +4,8 @@ Kiveris et al., "Connected Components in MapReduce and Beyond" (SoCC 2014): each
 shuffle; after O(log^2 n) rounds every component is a star around its smallest key, so a node's
 label is the smallest key of its component, the same label ``dedup.connected_components`` gives.
 No process ever holds more than one partition of the edges. Each round reads
-``cc/rNNN/p=*/`` and writes ``cc/rNNN+1/p=*/``, with a completion record per partition, so a
-rerun resumes at the first unfinished round.
+``cc/rNNN/p=*/`` and writes ``cc/rNNN+1/p=*/`` (:func:`pipeline.job.datasets.cc_edges`), with a
+completion record per partition, so a rerun resumes at the first unfinished round.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pipeline.job.datasets import LABELS, LABELS_DONE, Shuffled, cc_done, cc_edges, edges_from
 from pipeline.job.workdir import WorkDir, partition_of
 
 EDGE_SCHEMA = pa.schema([pa.field("u", pa.int64()), pa.field("v", pa.int64())])
@@ -82,25 +83,25 @@ def load_sorted(work: WorkDir, folder: str) -> tuple[np.ndarray, np.ndarray]:
     return pairs[:, 0].copy(), pairs[:, 1].copy()
 
 
-def write_edges(work: WorkDir, folder: str, name: str, a: np.ndarray, b: np.ndarray, op: str,
+def write_edges(work: WorkDir, edges: Shuffled, name: str, a: np.ndarray, b: np.ndarray, op: str,
                 num_partitions: int) -> None:
-    """Orient new edges for the reduce ``op`` and shuffle them by their key node."""
+    """Orient new edges for the reduce ``op`` and shuffle them by their key node into a round's ``edges``."""
     u, v = orient(a, b, op)
     table = pa.table({"u": pa.array(u, pa.int64()), "v": pa.array(v, pa.int64())})
-    work.write_partitioned(folder, name, table, partition_of(u, num_partitions), num_partitions)
+    work.write_partitioned(edges, name, table, partition_of(u, num_partitions), num_partitions)
 
 
 def cc_round(work: WorkDir, round_index: int, part: int, num_partitions: int) -> dict[str, int]:
     """One reduce task of one round; records the input edge set's fingerprint."""
-    marker = f"cc/r{round_index:03d}/done/p={part:05d}.json"
+    marker = cc_done(round_index).partition(part)
     done = work.read_json(marker)
     if done is not None:
         return done
     op = round_op(round_index)
-    u, v = load_sorted(work, f"cc/r{round_index:03d}/p={part:05d}")
+    u, v = load_sorted(work, cc_edges(round_index).partition(part))
     count, digest = fingerprint(u, v, op)
     a, b = star_step(u, v, op)
-    write_edges(work, f"cc/r{round_index + 1:03d}", f"from-{part:05d}", a, b, round_op(round_index + 1),
+    write_edges(work, cc_edges(round_index + 1), edges_from(part), a, b, round_op(round_index + 1),
                 num_partitions)
     record = {"edges": count, "digest": digest}
     work.write_json(marker, record)
@@ -110,17 +111,17 @@ def cc_round(work: WorkDir, round_index: int, part: int, num_partitions: int) ->
 def cc_labels(work: WorkDir, round_index: int, part: int, num_partitions: int, key_bits: int) -> int:
     """From a converged, large-star-oriented edge set: each node's label, shuffled to its split."""
     assert round_op(round_index) == "large"
-    marker = f"labels/done/p={part:05d}.json"
+    marker = LABELS_DONE.partition(part)
     done = work.read_json(marker)
     if done is not None:
         return int(done["nodes"])
-    u, v = load_sorted(work, f"cc/r{round_index:03d}/p={part:05d}")
+    u, v = load_sorted(work, cc_edges(round_index).partition(part))
     nodes, minima, _ = _group_min(u, v) if len(u) else (u, v, u)
     table = pa.table({"key": pa.array(nodes, pa.int64()), "label": pa.array(minima, pa.int64())})
     splits = (nodes >> key_bits) if len(nodes) else nodes
     for split in np.unique(splits):
         chosen = splits == split
-        work.write_table(f"labels/s={int(split):05d}/p={part:05d}.parquet", table.filter(pa.array(chosen)))
+        work.write_table(LABELS.file(int(split), part), table.filter(pa.array(chosen)))
     work.write_json(marker, {"nodes": len(nodes)})
     return len(nodes)
 
@@ -129,7 +130,7 @@ def connected_components(work: WorkDir, num_partitions: int, run_tasks: Callable
                          key_bits: int) -> dict[str, int]:
     """Rounds until two consecutive ops leave the edge set unchanged, then labels per split.
 
-    ``cc/r000`` must hold the candidate edges (written with :func:`write_edges` for round 0);
+    ``cc_edges(0)`` must hold the candidate edges (written with :func:`write_edges` for round 0);
     ``run_tasks(function, argument_tuples)`` runs one task per tuple (Ray tasks in the job).
     """
     history: list[tuple[int, int]] = []

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.format import open_fs
+from pipeline.job.datasets import Shuffled
 
 
 class WorkDir:
@@ -103,9 +104,9 @@ class WorkDir:
             self.fs.rm(target, recursive=True)
 
     # -- shuffles --------------------------------------------------------------------------------
-    def write_partitioned(self, folder: str, name: str, table: pa.Table, partition: np.ndarray,
+    def write_partitioned(self, dataset: Shuffled, name: str, table: pa.Table, partition: np.ndarray,
                           num_partitions: int) -> None:
-        """The map side of a shuffle: rows go to ``folder/p=NNNNN/name.parquet`` by their partition number.
+        """The map side of a shuffle: rows go to ``dataset.file(part, name)`` by their partition number.
 
         Every partition gets a file (possibly empty), so a reducer knows its input is complete when
         the map task's completion record exists.
@@ -116,7 +117,7 @@ class WorkDir:
         ordered = table.take(pa.array(order)) if table.num_rows else table
         for part in range(num_partitions):
             chunk = ordered.slice(int(bounds[part]), int(counts[part]))
-            self.write_table(f"{folder}/p={part:05d}/{name}.parquet", chunk)
+            self.write_table(dataset.file(part, name), chunk)
 
 
 def partition_of(keys: np.ndarray, num_partitions: int) -> np.ndarray:

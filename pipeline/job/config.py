@@ -1,0 +1,60 @@
+"""What a dedup job is asked to do: :class:`DedupConfig` (the command line and the TOML job file), the
+hashing parameters it implies, and :class:`DedupError` for a job that cannot run as configured."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.format.signature_index import IndexParams, ParamsError, params_for
+
+
+class DedupError(Exception):
+    """The job cannot run as configured (bad options, an incompatible --against corpus)."""
+
+
+@dataclass
+class DedupConfig:
+    """Everything ``gristmill dedup`` takes; the TOML job file holds the same keys."""
+
+    inputs: list[str]
+    output: str
+    threshold: float = 0.8
+    num_perm: int = 128
+    ngram: int = 5
+    bands: int | None = None  # with rows: override the (bands, rows) choose_bands picks
+    rows: int | None = None
+    verify: bool = True  # link a candidate pair only when its estimated Jaccard reaches the threshold
+    seed: int | None = None
+    text_column: str = "text"
+    id_column: str = "id"
+    max_doc_bytes: int = 10 * 1024 * 1024
+    split_bytes: int = 64 * 1024 * 1024
+    num_partitions: int | None = None  # hash partitions per shuffle; default: one per split, 2 to 64
+    removed: str | None = None
+    against: str | None = None
+    shard_bytes: int = 256 * 1024 * 1024
+    row_group_bytes: int = 4 * 1024 * 1024
+    keep_work: bool = False
+    overwrite: bool = False  # replace a committed corpus another job wrote in output/removed
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> DedupConfig:
+        """Build from a TOML job file's table (unknown keys are an error naming them)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise DedupError(f"unknown job option(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        return cls(**dict(values))
+
+
+def index_params(config: DedupConfig) -> IndexParams:
+    """The hashing parameters of the job (its signature index records them); DedupError when impossible."""
+    try:
+        return params_for(config.threshold, config.num_perm, config.ngram, bands=config.bands, rows=config.rows,
+                          seed=config.seed, verify=config.verify)
+    except ParamsError as exc:
+        raise DedupError(str(exc)) from None

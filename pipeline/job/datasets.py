@@ -1,0 +1,210 @@
+"""Every dataset the dedup job writes, named once: the work folder's files and the corpus's side files.
+
+Why one module: a stage writes what a later stage reads; with both naming the file here, a renamed
+folder cannot leave a reader looking in the old place, and the whole layout of ``OUTPUT/_work`` reads
+in one page. Three layouts carry every hand-over between stages:
+
+- :class:`PerSplit`: one Parquet file per split (``docs/s=00003.parquet``).
+- :class:`Shuffled`: the map side of a hash shuffle writes one file per (map task, partition)
+  (``exact_in/p=00001/s=00003.parquet``, with ``WorkDir.write_partitioned``); a reducer reads its
+  partition's folder.
+- :class:`BySplit`: a reducer's rows routed back to the split their key belongs to
+  (``exact_out/s=00003/p=00001.parquet``); a per-split task reads its split's folder.
+
+A :class:`Records` folder holds the completion record of every task of a step (``read/done/s=00003.json``);
+a rerun skips a task whose record exists. The work schemas sit beside the datasets that hold them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from pipeline.format.signature_index import INDEX_FOLDER
+
+WORK_FOLDER = "_work"  # inside the output corpus; removed after success unless keep_work
+REJECTS_FOLDER = "_rejects"
+
+
+def split_name(split: int) -> str:
+    """How a split is named in every path: ``s=00003``."""
+    return f"s={split:05d}"
+
+
+def partition_name(part: int) -> str:
+    """How a hash partition is named in every path: ``p=00001``."""
+    return f"p={part:05d}"
+
+
+@dataclass(frozen=True)
+class PerSplit:
+    """One Parquet file per split: ``folder/s=SSSSS.parquet``."""
+
+    folder: str
+
+    def file(self, split: int) -> str:
+        return f"{self.folder}/{split_name(split)}.parquet"
+
+
+@dataclass(frozen=True)
+class Shuffled:
+    """A hash shuffle: map task ``name`` writes ``folder/p=PPPPP/name.parquet`` for every partition."""
+
+    folder: str
+
+    def file(self, part: int, name: str) -> str:
+        return f"{self.folder}/{partition_name(part)}/{name}.parquet"
+
+    def partition(self, part: int) -> str:
+        """The folder a reducer reads: every map task's rows of partition ``part``."""
+        return f"{self.folder}/{partition_name(part)}"
+
+
+@dataclass(frozen=True)
+class BySplit:
+    """A reducer's rows routed to splits: ``folder/s=SSSSS/p=PPPPP.parquet`` from reducer ``p``."""
+
+    folder: str
+
+    def file(self, split: int, part: int) -> str:
+        return f"{self.folder}/{split_name(split)}/{partition_name(part)}.parquet"
+
+    def split(self, split: int) -> str:
+        """The folder a per-split task reads: every reducer's rows of split ``split``."""
+        return f"{self.folder}/{split_name(split)}"
+
+
+@dataclass(frozen=True)
+class Records:
+    """Completion records of one step's tasks: ``folder/s=SSSSS.json`` or ``folder/p=PPPPP.json``."""
+
+    folder: str
+
+    def split(self, split: int) -> str:
+        return f"{self.folder}/{split_name(split)}.json"
+
+    def partition(self, part: int) -> str:
+        return f"{self.folder}/{partition_name(part)}.json"
+
+
+# -- the work folder, in stage order ---------------------------------------------------------------
+JOB_RECORD = "job.json"  # the fingerprint and partitions the work folder belongs to
+TIMINGS = "timings.json"  # seconds per finished stage
+
+
+def stage_record(stage: str) -> str:
+    """A finished stage's result: the driver skips the stage when it exists."""
+    return f"stage-{stage}.json"
+
+
+# read: per split (and per --against index file)
+READ_DONE = Records("read/done")
+DOCS = PerSplit("docs")  # DOC_SCHEMA, one row group per read batch
+HASH_SIGNATURES = PerSplit("hash_sigs")  # hash_signature_schema: one signature per distinct content hash
+REJECTS = PerSplit("rejects")  # pipeline.format.REJECT_SCHEMA
+EXACT_IN = Shuffled("exact_in")  # EXACT_SCHEMA, by content hash
+# exact: per partition
+EXACT_DONE = Records("exact/done")
+EXACT_OUT = BySplit("exact_out")  # EXACT_OUT_SCHEMA: every member of an exact group, by its own split
+EXACT_BY_REP = BySplit("exact_by_rep")  # EXACT_BY_REP_SCHEMA: the copies, by their survivor's split
+# sign: per split (read writes the --against pseudo-splits' signatures)
+SIGN_DONE = Records("sign/done")
+SIGNATURES = PerSplit("sigs")  # sig_schema
+BUCKETS_IN = Shuffled("buckets_in")  # BUCKET_SCHEMA, by band hash
+# buckets: per partition
+BUCKETS_DONE = Records("buckets/done")
+VERIFY_IN = BySplit("verify_in")  # CANDIDATE_SCHEMA, by the left key's split
+# verify: per split, two hops
+VERIFY_LEFT_DONE = Records("verify/left")
+VERIFY_RIGHT = BySplit("verify_right")  # verify_right_schema, by the right key's split
+VERIFY_RIGHT_DONE = Records("verify/right")
+
+
+# cc: rounds of hash-partitioned edges (pipeline.job.components), then labels by split
+def cc_edges(round_index: int) -> Shuffled:
+    """The edges a connected-components round reduces; round 0 holds the candidate (or verified) edges."""
+    return Shuffled(f"cc/r{round_index:03d}")
+
+
+def cc_done(round_index: int) -> Records:
+    """Completion records of one round's reduce tasks."""
+    return Records(f"cc/r{round_index:03d}/done")
+
+
+def edges_from(source: int) -> str:
+    """The map-side name of the edges one task (a partition, or a split in verify) sends to a round."""
+    return f"from-{source:05d}"
+
+
+LABELS_DONE = Records("labels/done")
+LABELS = BySplit("labels")  # components.LABEL_SCHEMA: every clustered key's label, by split
+# clusters: per split, per partition, per split
+CLUSTER_MAP_DONE = Records("clusters/map")
+REPS_IN = Shuffled("reps_in")  # reps_schema, by label
+CLUSTERS_DONE = Records("clusters/done")
+CLUSTERS_OUT = BySplit("clusters_out")  # CLUSTER_OUT_SCHEMA
+EXACT_CLUSTERS_DONE = Records("clusters/exact")
+EXACT_CLUSTERS = BySplit("exact_clusters")  # EXACT_CLUSTER_SCHEMA
+# write: per split
+WRITE_DONE = Records("write/done")
+
+
+# -- beside the corpus: listed in its manifest ------------------------------------------------------
+def index_file(split: int, fingerprint: str) -> str:
+    """A split's signature index file, relative to the corpus folder."""
+    return f"{INDEX_FOLDER}/index-{split:05d}-{fingerprint[:12]}.parquet"
+
+
+def rejects_file(fingerprint: str) -> str:
+    """The run's rejects file, relative to the corpus folder."""
+    return f"{REJECTS_FOLDER}/rejects-{fingerprint[:12]}.parquet"
+
+
+# -- work schemas ------------------------------------------------------------------------------------
+DOC_SCHEMA = pa.schema([
+    ("key", pa.int64()), ("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
+    ("domain", pa.string()), ("language", pa.string()), ("fetch_time", pa.timestamp("ms", tz="UTC")),
+    ("content_hash", pa.string()), ("length", pa.int64()), ("origin", pa.string()),
+])
+EXACT_SCHEMA = pa.schema([
+    ("content_hash", pa.string()), ("key", pa.int64()), ("id", pa.string()), ("length", pa.int64()),
+    ("existing", pa.bool_()),
+])
+EXACT_OUT_SCHEMA = pa.schema([
+    ("key", pa.int64()), ("rep_key", pa.int64()), ("rep_id", pa.string()), ("copies", pa.int64()),
+])
+BUCKET_SCHEMA = pa.schema([("hash", pa.uint64()), ("key", pa.int64())])
+CANDIDATE_SCHEMA = pa.schema([("left", pa.int64()), ("right", pa.int64())])
+CLUSTER_OUT_SCHEMA = pa.schema([
+    ("key", pa.int64()), ("cluster_id", pa.string()), ("cluster_size", pa.int64()), ("rep_key", pa.int64()),
+    ("rep_id", pa.string()), ("similarity", pa.float64()),
+])
+EXACT_BY_REP_SCHEMA = pa.schema([("key", pa.int64()), ("rep_key", pa.int64())])
+EXACT_CLUSTER_SCHEMA = pa.schema([("key", pa.int64()), ("cluster_id", pa.string()), ("cluster_size", pa.int64())])
+
+
+def verify_right_schema(num_perm: int) -> pa.Schema:
+    """Candidate edges on their way to the right key's split, carrying the left key's signature."""
+    return CANDIDATE_SCHEMA.append(pa.field("left_signature", pa.list_(pa.uint64(), num_perm)))
+
+
+def reps_schema(num_perm: int) -> pa.Schema:
+    """Signed cluster members with their component label, shuffled by label for survivor choice."""
+    return pa.schema([("key", pa.int64()), ("id", pa.string()), ("length", pa.int64()),
+                      ("copies", pa.int64()), ("existing", pa.bool_()),
+                      ("signature", pa.list_(pa.uint64(), num_perm)), ("label", pa.int64())])
+
+
+def sig_schema(num_perm: int, bands: int) -> pa.Schema:
+    """A split's signed documents: the exact survivors (and --against index rows) with signatures and bands."""
+    return pa.schema([
+        ("key", pa.int64()), ("id", pa.string()), ("content_hash", pa.string()), ("length", pa.int64()),
+        ("copies", pa.int64()), ("existing", pa.bool_()),
+        ("signature", pa.list_(pa.uint64(), num_perm)), ("bands", pa.list_(pa.uint64(), bands)),
+    ])
+
+
+def hash_signature_schema(num_perm: int) -> pa.Schema:
+    """One MinHash signature per distinct content hash of a split (the read stage signs as it reads)."""
+    return pa.schema([("content_hash", pa.string()), ("signature", pa.list_(pa.uint64(), num_perm))])

@@ -1,0 +1,89 @@
+"""Before any work: what a run depends on (its fingerprint), the ``--against`` index files it reads,
+and whether it may write its folders (``pipeline.job.folders``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+
+from pipeline.format import Corpus, CorpusError, open_fs
+from pipeline.format.signature_index import IndexParams
+from pipeline.job.config import DedupConfig, DedupError
+from pipeline.job.folders import FolderError, check_disjoint, claim
+from pipeline.job.inputs import InputFile, Split
+
+
+def job_fingerprint(config: DedupConfig, params: IndexParams, splits: list[Split], index_files: list[str]) -> str:
+    """What the result depends on; a work folder from another job is discarded, not mixed in."""
+    payload = {
+        "files": [[f.url, f.size] for s in splits for f in s.files], "splits": [len(s.files) for s in splits],
+        "params": dataclasses.asdict(params), "index": index_files, "text_column": config.text_column,
+        "id_column": config.id_column, "max_doc_bytes": config.max_doc_bytes, "removed": config.removed,
+        "shard_bytes": config.shard_bytes, "row_group_bytes": config.row_group_bytes,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def against_index_files(config: DedupConfig, params: IndexParams) -> list[str]:
+    """The index files of an existing corpus, after checking it was hashed the same way."""
+    try:
+        corpus = Corpus.open(config.against, config.storage_options)
+    except CorpusError as exc:
+        raise DedupError(f"--against: {exc}") from None
+    index = corpus.manifest.extra.get("signature_index")
+    if not isinstance(index, Mapping) or not isinstance(index.get("params"), Mapping):
+        raise DedupError(f"--against {config.against}: the corpus has no signature index (not built by gristmill dedup)")
+    theirs = index["params"]
+    ours = dataclasses.asdict(params)
+    for name in ("num_perm", "ngram", "bands", "rows", "seed"):
+        if theirs.get(name) != ours[name]:
+            hint = ""
+            if name in ("bands", "rows") and bool(theirs.get("verify", False)) != params.verify:
+                # the default bands differ with and without verification; the index's own are what matter
+                hint = (f" (the index was built {'with' if theirs.get('verify') else 'without'} edge verification: "
+                        f"pass --bands {theirs.get('bands')} --rows {theirs.get('rows')}"
+                        f"{'' if theirs.get('verify') else ', or --no-verify'})")
+            raise DedupError(f"--against {config.against}: its index was built with {name}={theirs.get(name)}, "
+                             f"this job uses {name}={ours[name]}; use the same settings{hint}")
+    files = index.get("files")
+    if not isinstance(files, list):
+        raise DedupError(f"--against {config.against}: its manifest's signature index lists no files")
+    try:
+        paths = [corpus.member_path(name, "signature index file") for name in files]
+    except CorpusError as exc:
+        raise DedupError(f"--against: {exc}") from None
+    protocol = config.against.split("://", 1)[0] + "://" if "://" in config.against else ""
+    return [path if not protocol or path.startswith(protocol) else protocol + path for path in paths]
+
+
+def claim_folders(config: DedupConfig, files: list[InputFile], fingerprint: str) -> Corpus | None:
+    """Check the folders before any work (``pipeline.job.folders``); the committed corpus if this job finished."""
+    outputs = {"-o": config.output, "--removed": config.removed, "--against": config.against}
+    # a folder INPUT is walked (and a ** glob's fixed prefix is): nothing may be written inside it
+    inputs = [(spec, _walked_folder(spec)) for spec in config.inputs]
+    inputs = [(spec, folder) for spec, folder in inputs if folder and _is_folder(folder, config)]
+    inputs += [(f.origin, f.url) for f in files]
+    try:
+        check_disjoint(outputs, inputs, config.storage_options)
+        finished = claim(config.output, fingerprint, config.overwrite, "-o", config.storage_options)
+        if config.removed:
+            claim(config.removed, fingerprint, config.overwrite, "--removed", config.storage_options)
+    except FolderError as exc:
+        raise DedupError(str(exc)) from None
+    return finished
+
+
+def _walked_folder(spec: str) -> str | None:
+    """The folder an INPUT makes the job search: itself, or the part of a ``**`` glob before the pattern."""
+    if not any(ch in spec for ch in "*?["):
+        return spec
+    if "**" not in spec:
+        return None
+    return spec[: min(spec.index(ch) for ch in "*?[" if ch in spec)].rsplit("/", 1)[0] or "."
+
+
+def _is_folder(url: str, config: DedupConfig) -> bool:
+    fs, root = open_fs(url, config.storage_options)
+    return fs.isdir(root)

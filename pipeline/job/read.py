@@ -1,0 +1,165 @@
+"""Stage ``read``, per split: parse the input, reject bad records, normalise and hash each document,
+sign each content hash new to the split, write the documents; the map side of the exact shuffle.
+
+An ``--against`` index file enters as a pseudo-split: its rows join the exact and band shuffles with
+the signatures they already have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.format import REJECT_SCHEMA, index_schema, open_fs
+from pipeline.format.signature_index import fixed_list, list_matrix
+from pipeline.job.buckets import shuffle_bands
+from pipeline.job.datasets import (
+    DOC_SCHEMA,
+    DOCS,
+    EXACT_SCHEMA,
+    HASH_SIGNATURES,
+    READ_DONE,
+    REJECTS,
+    SIGNATURES,
+    hash_signature_schema,
+    sig_schema,
+)
+from pipeline.job.exact import shuffle_exact
+from pipeline.job.inputs import KEY_BITS, Doc, ReadOptions, Reject, generated_id, read_file
+from pipeline.job.tasks import Job, run_once
+
+# Text per batch, one row group of a split's documents: a worker holds one at a time (8 MiB cost
+# 47 MB more per worker at the same CPU).
+BATCH_BYTES = 4 * 1024 * 1024
+
+
+def read_split(job: Job, split_index: int) -> dict[str, Any]:
+    """One split of the input, once: ``{"docs": read, "rejected": records rejected}``."""
+    return run_once(job.work, READ_DONE.split(split_index), lambda: _read_split_now(job, split_index))
+
+
+def _read_split_now(job: Job, split_index: int) -> dict[str, Any]:
+    """Parse, hash, sign and write the split one ~BATCH_BYTES batch (one row group) at a time, so a task
+    holds a batch of documents, not the split; only the slim shuffle columns and one signature per
+    distinct text are kept for the whole split."""
+    rejects: list[tuple[Reject, str]] = []
+    slims: list[pa.Table] = []
+    signed: list[pa.Table] = []
+    seen: set[str] = set()  # content hashes of the split already signed
+    hasher = job.params.hasher()
+    ordinal = 0
+    with job.work.table_writer(DOCS.file(split_index), DOC_SCHEMA) as writer:
+        for batch in _document_batches(job, split_index, rejects):
+            table, signatures = _document_table(split_index, ordinal, batch, hasher, seen)
+            writer.write_table(table)
+            slims.append(table.select(["content_hash", "key", "id", "length"]))
+            signed.append(signatures)
+            ordinal += table.num_rows
+    slim = pa.concat_tables(slims) if slims else EXACT_SCHEMA.empty_table().select(["content_hash", "key", "id", "length"])
+    hash_schema = hash_signature_schema(job.params.num_perm)
+    job.work.write_table(HASH_SIGNATURES.file(split_index),
+                         pa.concat_tables(signed) if signed else hash_schema.empty_table())
+    shuffle_exact(job, split_index, slim, existing=False)
+    reject_table = pa.table({
+        "source": [r.source for r, _ in rejects], "position": [r.position for r, _ in rejects],
+        "kind": [r.kind for r, _ in rejects], "reason": [r.reason for r, _ in rejects],
+        "bytes": [r.bytes for r, _ in rejects], "count": [r.count for r, _ in rejects],
+        "origin": [o for _, o in rejects],
+    }, schema=REJECT_SCHEMA)
+    job.work.write_table(REJECTS.file(split_index), reject_table)
+    return {"docs": ordinal, "rejected": sum(r.count for r, _ in rejects)}
+
+
+def _document_batches(job: Job, split_index: int, rejects: list[tuple[Reject, str]]) -> Iterator[list[tuple[Doc, str]]]:
+    """The split's documents (with the INPUT that named each) in batches of about BATCH_BYTES of text;
+    rejected records go to ``rejects``."""
+    config = job.config
+    options = ReadOptions(config.text_column, config.id_column, config.max_doc_bytes)
+    batch: list[tuple[Doc, str]] = []
+    size = 0
+    for item in job.split(split_index).files:
+        for record in read_file(item, options, config.storage_options):
+            if isinstance(record, Reject):
+                rejects.append((record, item.origin))
+                continue
+            if record.id is None:
+                record.id = generated_id(item.url, record.position)
+            batch.append((record, item.origin))
+            size += len(record.text)
+            if size >= BATCH_BYTES:
+                yield batch
+                batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _document_table(split_index: int, first: int, batch: list[tuple[Doc, str]], hasher: Any,
+                    seen: set[str]) -> tuple[pa.Table, pa.Table]:
+    """One batch as rows of the split's documents file (keys from ``first`` on, content hashes), and
+    the MinHash signature of each content hash not in ``seen`` (then added to it).
+
+    Signing here, from the batch normalised for the content hash, spares the sign stage a second read
+    and normalisation of every text. Equal content hashes mean equal normalised texts, hence equal
+    token sequences and signatures, so one signature per hash serves every exact copy.
+    """
+    from dedup.normalize import fold_prepared, hashes_of_folded, prefold, utf8_batch
+
+    docs = [d for d, _ in batch]
+    texts = [d.text for d in docs]
+    prefolded = prefold(texts, hasher.normalize)
+    data, offsets = utf8_batch(prefolded)
+    hashes = hashes_of_folded(*fold_prepared(data, offsets, hasher.normalize))
+    new = []
+    for i, content_hash in enumerate(hashes):
+        if content_hash not in seen:
+            seen.add(content_hash)
+            new.append(i)
+    if len(new) < len(hashes):
+        data, offsets = utf8_batch([prefolded[i] for i in new])
+    signatures = hasher.signatures_prepared(data, offsets)[0] if new else np.zeros((0, hasher.num_perm), np.uint64)
+    keys = (np.int64(split_index) << np.int64(KEY_BITS)) + np.arange(first, first + len(docs), dtype=np.int64)
+    table = pa.table({
+        "key": pa.array(keys, pa.int64()), "id": [d.id for d in docs], "text": texts,
+        "source": [d.source for d in docs], "domain": [d.domain for d in docs],
+        "language": [d.language for d in docs], "fetch_time": [d.fetch_time for d in docs],
+        "content_hash": hashes,
+        "length": [len(t) for t in texts],  # characters: the survivor policy prefers the longest text
+        "origin": [o for _, o in batch],
+    }, schema=DOC_SCHEMA)
+    signed = pa.table({"content_hash": [hashes[i] for i in new], "signature": fixed_list(signatures)},
+                      schema=hash_signature_schema(hasher.num_perm))
+    return table, signed
+
+
+def read_index_split(job: Job, split_index: int) -> dict[str, Any]:
+    """--against: an existing corpus's index file enters the exact and band shuffles as a pseudo-split."""
+
+    def compute() -> dict[str, Any]:
+        index = read_index_file(job, job.index_files[split_index])
+        keys = (np.int64(split_index) << np.int64(KEY_BITS)) + np.arange(index.num_rows, dtype=np.int64)
+        slim = pa.table({"content_hash": index["content_hash"], "key": pa.array(keys, pa.int64()),
+                         "id": index["id"], "length": index["length"]})
+        shuffle_exact(job, split_index, slim, existing=True)
+        sigs = pa.table({
+            "key": pa.array(keys, pa.int64()), "id": index["id"], "content_hash": index["content_hash"],
+            "length": index["length"], "copies": pa.array(np.ones(index.num_rows, np.int64)),
+            "existing": pa.array(np.ones(index.num_rows, bool)), "signature": index["signature"],
+            "bands": index["bands"],
+        }, schema=sig_schema(job.params.num_perm, job.params.bands))
+        job.work.write_table(SIGNATURES.file(split_index), sigs)
+        shuffle_bands(job, split_index, keys, list_matrix(index["bands"], job.params.bands))
+        return {"docs": index.num_rows}
+
+    return run_once(job.work, READ_DONE.split(split_index), compute)
+
+
+def read_index_file(job: Job, url: str) -> pa.Table:
+    """One ``--against`` signature index file, read with the schema this job's parameters give."""
+    import pyarrow.parquet as pq
+
+    fs, path = open_fs(url, job.config.storage_options)
+    with fs.open(path, "rb") as handle:
+        return pq.read_table(handle, schema=index_schema(job.params.num_perm, job.params.bands))

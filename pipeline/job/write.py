@@ -1,0 +1,134 @@
+"""Stage ``write``, per split: kept rows into corpus shards (and removed rows into ``--removed``), the
+split's signature index file and its statistics; the driver publishes them in the manifest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.format import CORPUS_SCHEMA, REMOVED_SCHEMA, ShardWriter
+from pipeline.job.datasets import (
+    CLUSTER_OUT_SCHEMA,
+    CLUSTERS_OUT,
+    DOCS,
+    EXACT_CLUSTER_SCHEMA,
+    EXACT_CLUSTERS,
+    EXACT_OUT,
+    EXACT_OUT_SCHEMA,
+    SIGNATURES,
+    WRITE_DONE,
+    index_file,
+)
+from pipeline.job.stats import split_stats
+from pipeline.job.tasks import Job, run_once
+from pipeline.job.workdir import WorkDir
+
+
+def write_split(job: Job, split_index: int) -> dict[str, Any]:
+    """One split's output, once: its shards, removed shards and statistics, for the driver to publish."""
+    return run_once(job.work, WRITE_DONE.split(split_index), lambda: _write_split_now(job, split_index))
+
+
+def _write_split_now(job: Job, split_index: int) -> dict[str, Any]:
+    config = job.config
+    docs_file = DOCS.file(split_index)
+    docs = job.work.read_table(docs_file, ["key", "id", "origin", "domain", "language"])  # no text
+    exact = job.work.read_folder(EXACT_OUT.split(split_index), EXACT_OUT_SCHEMA)
+    clusters = job.work.read_folder(CLUSTERS_OUT.split(split_index), CLUSTER_OUT_SCHEMA)
+    n = docs.num_rows
+    keys = docs["key"].to_numpy()
+    ids = docs["id"].to_pylist()
+    status = np.zeros(n, np.int8)  # 0 kept, 1 exact duplicate, 2 near duplicate
+    cluster_id = list(ids)
+    cluster_size = np.ones(n, np.int64)
+    duplicate_of: list[str | None] = [None] * n
+    similarity = np.full(n, np.nan)
+
+    exact_pos = _positions(keys, exact["key"].to_numpy())
+    rep_keys = exact["rep_key"].to_numpy()
+    rep_ids = exact["rep_id"].to_pylist()
+    copies = exact["copies"].to_numpy()
+    for row, pos in enumerate(exact_pos):
+        cluster_size[pos] = copies[row]  # the exact group, unless a near cluster holds its survivor (below)
+        if rep_keys[row] != keys[pos]:
+            status[pos] = 1
+            duplicate_of[pos] = cluster_id[pos] = rep_ids[row]
+            similarity[pos] = 1.0
+    cluster_pos = _positions(keys, clusters["key"].to_numpy())
+    c_rep = clusters["rep_key"].to_numpy()
+    c_id = clusters["cluster_id"].to_pylist()
+    c_size = clusters["cluster_size"].to_numpy()
+    c_sim = clusters["similarity"].to_numpy()
+    c_rep_id = clusters["rep_id"].to_pylist()
+    for row, pos in enumerate(cluster_pos):
+        cluster_id[pos] = c_id[row]
+        cluster_size[pos] = c_size[row]
+        if c_rep[row] != keys[pos]:
+            status[pos] = 2
+            duplicate_of[pos] = c_rep_id[row]
+            similarity[pos] = c_sim[row]
+    # exact copies whose survivor is in a near cluster: that cluster's representative and size
+    # (duplicate_of stays the exact twin, the document the copy's text is identical to)
+    resolved = job.work.read_folder(EXACT_CLUSTERS.split(split_index), EXACT_CLUSTER_SCHEMA)
+    resolved_ids = resolved["cluster_id"].to_pylist()
+    resolved_sizes = resolved["cluster_size"].to_numpy()
+    for row, pos in enumerate(_positions(keys, resolved["key"].to_numpy())):
+        cluster_id[pos] = resolved_ids[row]
+        cluster_size[pos] = resolved_sizes[row]
+
+    kept_mask = status == 0
+
+    def shard_writer(url: str, schema: pa.Schema, prefix: str) -> ShardWriter:
+        # kept and removed shards never share a name, even if both folders were one
+        return ShardWriter(url, schema, shard_bytes=config.shard_bytes, row_group_bytes=config.row_group_bytes,
+                           name_prefix=f"{prefix}-{split_index:05d}", run_id=job.fingerprint[:12],
+                           storage_options=config.storage_options)
+
+    writer = shard_writer(config.output, CORPUS_SCHEMA, "part")
+    removed_writer = shard_writer(config.removed, REMOVED_SCHEMA, "removed") if config.removed else None
+    from dedup.core import STATUSES
+
+    removed_as = np.array(STATUSES)[status]
+    text_bytes = np.zeros(n, np.int64)
+    start = 0
+    # the text one row group (one read batch) at a time: a task never holds the split's texts
+    for group in job.work.read_row_groups(docs_file, ["id", "text", "source", "domain", "language", "fetch_time",
+                                                      "content_hash"]):
+        rows = slice(start, start + group.num_rows)
+        start += group.num_rows
+        text_bytes[rows] = pc.binary_length(group["text"]).to_numpy()
+        base = group.append_column("cluster_id", pa.array(cluster_id[rows], pa.string()))
+        base = base.append_column("cluster_size", pa.array(cluster_size[rows], pa.int32()))
+        keep = kept_mask[rows]
+        writer.write(base.filter(pa.array(keep)).append_column(
+            "is_representative", pa.array(np.ones(int(keep.sum()), bool))))
+        if removed_writer is not None:
+            gone = ~keep
+            removed = base.filter(pa.array(gone))
+            removed = removed.append_column("is_representative", pa.array(np.zeros(int(gone.sum()), bool)))
+            removed = removed.append_column("removed_as", pa.array(removed_as[rows][gone].tolist(), pa.string()))
+            removed = removed.append_column("duplicate_of", pa.array(
+                [d for d, g in zip(duplicate_of[rows], gone, strict=True) if g], pa.string()))
+            removed = removed.append_column("similarity", pa.array(similarity[rows][gone], pa.float64()))
+            removed_writer.write(removed)
+    shards = [s.to_dict() for s in writer.close()]
+    removed_shards = [s.to_dict() for s in removed_writer.close()] if removed_writer is not None else []
+    _write_index(job, split_index, keys[kept_mask])
+    return {"shards": shards, "removed_shards": removed_shards,
+            "stats": split_stats(job, split_index, docs, status, cluster_size, text_bytes)}
+
+
+def _positions(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Row of each wanted key in the (sorted) key column of a split's documents."""
+    return np.searchsorted(keys, wanted)
+
+
+def _write_index(job: Job, split_index: int, kept_keys: np.ndarray) -> None:
+    """The signature index of the kept rows, beside the corpus, for later ``--against`` runs."""
+    sigs = job.work.read_table(SIGNATURES.file(split_index))
+    sigs = sigs.filter(pc.is_in(sigs["key"], value_set=pa.array(kept_keys, pa.int64())))
+    index = sigs.select(["id", "content_hash", "length", "signature", "bands"])
+    WorkDir(job.config.output, job.config.storage_options).write_table(index_file(split_index, job.fingerprint), index)
