@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 COMMANDS: dict[str, str] = {
-    "inspect": "pipeline.inspect_cmd",
+    "inspect": "pipeline.commands.inspect",
     "crawl": "crawlers.cli",
-    "serve": "pipeline.serve_cmd",
-    "dedup": "pipeline.dedup_cmd",
-    "stats": "pipeline.stats_cmd",
-    "clusters": "pipeline.clusters_cmd",
-    "rejects": "pipeline.rejects_cmd",
+    "serve": "pipeline.commands.serve",
+    "dedup": "pipeline.commands.dedup",
+    "stats": "pipeline.commands.stats",
+    "clusters": "pipeline.commands.clusters",
+    "rejects": "pipeline.commands.rejects",
 }
 RESUMABLE = ("dedup", "crawl")  # commands that pick up where they stopped when run again
 INTERRUPTED = 130  # the shell's status for a process stopped by SIGINT (128 + 2)

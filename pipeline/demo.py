@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.progress import progress_bar, stage_bar
+from pipeline.report.progress import progress_bar, stage_bar
 
 # The demo's Ray is private to this machine: keep it on loopback (Ray otherwise swaps 127.0.0.1 for the
 # machine's network address). Set before anything imports Ray, which reads it once.
@@ -85,11 +85,11 @@ def deduplicate(raw: Path, corpus: Path, removed: Path) -> dict[str, Any]:
 # -- 4: statistics, report, clusters ---------------------------------------------------------------
 def show_statistics(corpus_url: str, report_path: Path) -> dict[str, Any]:
     """Print the statistics and the largest clusters, write the HTML report; returns the checks made."""
-    from pipeline.clusters_cmd import render_list
-    from pipeline.duplicates import find_clusters, open_removed
     from pipeline.format import Corpus
-    from pipeline.report import write_report
-    from pipeline.stats_cmd import render
+    from pipeline.report.cluster_text import render_list
+    from pipeline.report.duplicates import find_clusters, open_removed
+    from pipeline.report.html_report import write_report
+    from pipeline.report.stats_text import render
 
     corpus = Corpus.open(corpus_url)
     _say(render(corpus.stats))

@@ -18,9 +18,9 @@ import pytest
 
 from pipeline import cli
 from pipeline.demo_site.content import SITE_HOSTS, build_sites, load_articles
-from pipeline.duplicates import find_clusters, open_removed
 from pipeline.format import Corpus
-from pipeline.report import COLORS
+from pipeline.report.duplicates import find_clusters, open_removed
+from pipeline.report.html_report import COLORS
 
 pytestmark = pytest.mark.timeout(300)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

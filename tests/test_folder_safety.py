@@ -247,7 +247,7 @@ def test_index_files_in_extra_are_contained_for_serve_and_against(ray_local: Non
 
 def test_the_removed_corpus_a_manifest_names_must_name_the_same_job_back(ray_local: None, raw: Path,
                                                                          tmp_path: Path) -> None:
-    from pipeline.duplicates import open_removed
+    from pipeline.report.duplicates import open_removed
 
     run_dedup(DedupConfig(inputs=[str(raw)], output=str(tmp_path / "a"), removed=str(tmp_path / "a-removed"),
                           num_partitions=2))

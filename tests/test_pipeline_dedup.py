@@ -235,7 +235,7 @@ def test_cli_reports_bad_options_clearly(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_cli_parser_accepts_every_documented_option() -> None:
-    from pipeline import dedup_cmd
+    from pipeline.commands import dedup as dedup_cmd
 
     parser = argparse.ArgumentParser()
     dedup_cmd.add_arguments(parser)

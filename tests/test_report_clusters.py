@@ -10,10 +10,11 @@ from html.parser import HTMLParser
 
 import pytest
 
-from pipeline import clusters_cmd
-from pipeline.duplicates import find_clusters, load_texts, open_removed
+from pipeline.commands import clusters as clusters_cmd
 from pipeline.format import CORPUS_SCHEMA, REMOVED_SCHEMA, Corpus, CorpusError, ShardWriter
-from pipeline.report import (
+from pipeline.report import cluster_text
+from pipeline.report.duplicates import find_clusters, load_texts, open_removed
+from pipeline.report.html_report import (
     _nice_step,
     cluster_size_bins,
     render_html,
@@ -192,12 +193,12 @@ def test_clusters_command_lists_and_shows_side_by_side(dedup_output, capsys) -> 
 def test_side_by_side_keeps_wide_characters_aligned() -> None:
     old = "海沿いの町と山あいの温泉地を結ぶ全長四十キロのローカル線は、一日の利用者が千人を下回っている。"
     new = old.replace("四十", "五十")
-    lines = list(clusters_cmd.side_by_side(old, new, 60))
+    lines = list(cluster_text.side_by_side(old, new, 60))
     assert lines[0].startswith("~ ")
-    bars = {clusters_cmd.display_width(line.split("│")[0]) for line in lines}
+    bars = {cluster_text.display_width(line.split("│")[0]) for line in lines}
     assert len(bars) == 1  # the divider sits in the same column on every line
     assert "[-四-]" in "".join(lines) and "{+五+}" in "".join(lines)
-    assert clusters_cmd.text_ratio(old, new) == pytest.approx(1 - 1 / len(old))
+    assert cluster_text.text_ratio(old, new) == pytest.approx(1 - 1 / len(old))
 
 
 def test_write_report_finds_the_removed_corpus(dedup_output, tmp_path) -> None:
@@ -210,7 +211,7 @@ def test_write_report_finds_the_removed_corpus(dedup_output, tmp_path) -> None:
 def test_side_by_side_marks_moved_paragraphs_once_per_side() -> None:
     old = "Title\nFirst paragraph here.\nSecond paragraph here.\nThird paragraph here."
     new = "Title\nFirst paragraph here.\nThird paragraph here.\nSecond paragraph here."
-    lines = list(clusters_cmd.side_by_side(old, new, 80))
+    lines = list(cluster_text.side_by_side(old, new, 80))
     markers = [line[0] for line in lines]
     assert markers.count("m") == 2 and "-" not in markers and "+" not in markers and "~" not in markers
     moved = [line for line in lines if line.startswith("m")]
@@ -218,7 +219,7 @@ def test_side_by_side_marks_moved_paragraphs_once_per_side() -> None:
 
 
 def test_report_command_line(dedup_output, tmp_path, capsys) -> None:
-    from pipeline.report import main
+    from pipeline.report.html_report import main
 
     corpus_url, removed_url = dedup_output
     target = tmp_path / "out.html"

@@ -131,6 +131,19 @@ def find_clusters(corpus: Corpus, removed: Corpus) -> list[Cluster]:
     return clusters
 
 
+def find_cluster(clusters: list[Cluster], wanted: str) -> Cluster:
+    """The cluster whose id, or one of whose members' ids, is ``wanted`` or starts with it."""
+    exact = [c for c in clusters if wanted in {m.id for m in c.everyone()} | {c.id}]
+    if exact:
+        return exact[0]
+    matches = [c for c in clusters if c.id.startswith(wanted) or any(m.id.startswith(wanted) for m in c.everyone())]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise LookupError(f"no cluster has a document whose id is or starts with {wanted!r}")
+    raise LookupError(f"{wanted!r} is a prefix of ids in {len(matches)} clusters; give more of it")
+
+
 def load_texts(cluster: Cluster, corpus: Corpus, removed: Corpus) -> None:
     """Fill in ``text`` for every member of ``cluster`` (reads only the text of those rows)."""
     wanted = pa.array([m.id for m in cluster.everyone()], pa.string())

@@ -1,32 +1,27 @@
-"""``gristmill stats CORPUS``: the dedup statistics a corpus's manifest holds, readably or as JSON.
+"""A dedup run's statistics as text for people: what ``gristmill stats`` and ``gristmill dedup`` print.
 
-``--html FILE`` also writes the same statistics as a self-contained HTML page with charts
-(``pipeline.report.write_report``).
+The same statistics as an HTML page with charts are :mod:`pipeline.report.html_report`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.format import Corpus, CorpusError
-from pipeline.inspect_cmd import human_bytes
-
-HELP = "Print a corpus's dedup statistics: documents kept/removed/rejected, breakdowns, clusters, stage times."
 TOP = 10  # rows shown per breakdown table
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("corpus", help="corpus folder or URL")
-    parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
-    parser.add_argument("--html", metavar="FILE",
-                        help="also write a self-contained HTML report with charts to FILE (a local path)")
+def human_bytes(count: float) -> str:
+    """1536 -> '1.5 KiB'; for people reading summaries."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
 
 
 def _table(title: str, rows: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """One breakdown (by source, domain or language), its ``TOP`` largest rows."""
     if not rows:
         return []
     ordered = sorted(rows.items(), key=lambda kv: (-kv[1].get("input", 0), kv[0]))
@@ -67,26 +62,3 @@ def render(stats: Mapping[str, Any]) -> str:
     if stats.get("resumed_stages"):
         lines.append("resumed    " + ", ".join(stats["resumed_stages"]))
     return "\n".join(lines)
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        corpus = Corpus.open(args.corpus)
-    except CorpusError as exc:
-        print(f"gristmill stats: {exc}", file=sys.stderr)
-        return 2
-    if not corpus.stats:
-        print(f"gristmill stats: {args.corpus}: the manifest holds no statistics (not written by gristmill dedup)",
-              file=sys.stderr)
-        return 2
-    print(json.dumps(corpus.stats, indent=2) if args.json else render(corpus.stats))
-    if args.html:
-        from pipeline.report import write_report
-
-        try:  # the similarity chart comes from the removed corpus the manifest names, when there is one
-            write_report(args.corpus, args.html)
-        except (CorpusError, OSError) as exc:
-            print(f"gristmill stats: --html {args.html}: {exc}", file=sys.stderr)
-            return 2
-        print(f"wrote {args.html}", file=sys.stderr)  # stderr: --json output stays plain JSON
-    return 0

@@ -6,7 +6,7 @@ funnel (in -> exact -> near -> rejected -> kept), the cluster-size histogram, th
 domain and by language, the similarity distribution of removed documents (from the ``--removed``
 corpus, when the job kept one) and the stage timings, with the numbers in tables beside them.
 
-``python -m pipeline.report CORPUS -o report.html`` writes one; ``write_report`` is the same in Python.
+``python -m pipeline.report.html_report CORPUS -o report.html`` writes one; ``write_report`` is the same in Python.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.inspect_cmd import human_bytes
+from pipeline.report.stats_text import human_bytes
 
 OUTCOMES = ("kept", "exact_duplicate", "near_duplicate", "rejected")
 LABELS = {"kept": "kept", "exact_duplicate": "exact duplicate", "near_duplicate": "near duplicate",
@@ -369,8 +369,8 @@ def write_report(corpus_url: str, path: str, removed_url: str | None = None, top
     The similarity chart needs the removed documents (``--removed`` of the dedup job); without them
     the report has every other chart and says where the similarity chart went.
     """
-    from pipeline.duplicates import open_removed, removed_similarities
     from pipeline.format import Corpus, CorpusError
+    from pipeline.report.duplicates import open_removed, removed_similarities
 
     corpus = Corpus.open(corpus_url)
     if not corpus.stats:
@@ -391,7 +391,7 @@ def write_report(corpus_url: str, path: str, removed_url: str | None = None, top
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeline.report.html_report", description=__doc__.splitlines()[0])
     parser.add_argument("corpus", help="corpus folder or URL written by gristmill dedup")
     parser.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
     parser.add_argument("--removed", help="the job's removed-documents corpus (default: the one its manifest names)")

@@ -93,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.format import CorpusError
     from pipeline.job import DedupError, job_stages, run_dedup
     from pipeline.job.inputs import InputError
-    from pipeline.progress import stage_bar
-    from pipeline.stats_cmd import render
+    from pipeline.report.progress import stage_bar
+    from pipeline.report.stats_text import render
 
     ray_was_up = ray.is_initialized()  # a caller's Ray (tests, a notebook) stays up
     try:
@@ -134,7 +134,7 @@ def _why_empty(stats: dict[str, Any], config: Any) -> str | None:
     it kept or removed something. The command then exits 1: exit 0 would let a script carry on with an
     empty corpus, and the reasons would stay hidden in the rejects file."""
     from pipeline.format import Corpus
-    from pipeline.rejects import rejects_path, render_tally, tally, text_field_hint
+    from pipeline.report.rejects import rejects_path, render_tally, tally, text_field_hint
 
     documents = stats["documents"]
     if documents["input"] != documents["rejected"]:

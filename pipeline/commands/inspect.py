@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from pipeline.format import Corpus, CorpusError
+from pipeline.report.stats_text import human_bytes
 
 HELP = "Summarise a corpus from its manifest: shards, rows, bytes, row groups, schema (--verify checks checksums)."
 
@@ -18,14 +19,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify", action="store_true", help="re-read every shard and compare checksums")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
-
-def human_bytes(count: float) -> str:
-    """1536 -> '1.5 KiB'; for people reading summaries."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    raise AssertionError("unreachable")
 
 
 def summarise(corpus: Corpus, verify: bool) -> dict[str, Any]:

@@ -1,43 +1,22 @@
-"""``gristmill clusters CORPUS``: the largest duplicate clusters, and one cluster side by side with diffs.
+"""Duplicate clusters as text for people: the list of the largest, and one cluster side by side with diffs.
 
 Why: a threshold is right when the near duplicates it removes are copies a person would call copies.
-``--show ID`` prints every member of one cluster next to the representative that was kept, with
-the paragraphs and words that differ marked, the estimated similarity the job used and difflib's
-exact ratio, so a person can judge. Needs the job's removed documents (``gristmill dedup --removed``).
+:func:`render_cluster` prints every member of one cluster next to the representative that was kept,
+with the paragraphs and words that differ marked, the estimated similarity the job used and difflib's
+exact ratio, so a person can judge. Used by ``gristmill clusters`` and the demo.
 """
 
 from __future__ import annotations
 
-import argparse
 import difflib
-import json
 import re
-import shutil
-import sys
 import unicodedata
 from collections.abc import Iterator
 from typing import Any
 
-import pyarrow as pa
-
-from pipeline.format import Corpus, CorpusError
-
-HELP = "List the largest duplicate clusters; --show ID prints one cluster's members side by side with diffs."
 _WIDE = re.compile(r"[\u1100-\u115f\u2e80-\ua4cf\uac00-\ud7a3\uf900-\ufaff\ufe30-\ufe4f\uff00-\uff60\uffe0-\uffe6]")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("corpus", help="corpus folder or URL written by gristmill dedup")
-    parser.add_argument("--removed", metavar="CORPUS2", help="the job's removed documents (default: the folder "
-                        "its manifest names)")
-    parser.add_argument("--top", type=int, default=20, help="clusters to list (default 20)")
-    parser.add_argument("--show", metavar="ID", help="print this cluster: a cluster id, a member's document id, "
-                        "or a unique prefix of either")
-    parser.add_argument("--width", type=int, default=None, help="output width (default: the terminal's)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-
-
-# -- text layout -------------------------------------------------------------------------------
 def display_width(text: str) -> int:
     """Terminal columns ``text`` takes: East Asian wide characters take two."""
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
@@ -71,6 +50,7 @@ def wrap(text: str, width: int) -> list[str]:
 
 
 def _pad(text: str, width: int) -> str:
+    """``text`` padded with spaces to ``width`` display columns."""
     return text + " " * max(0, width - display_width(text))
 
 
@@ -154,15 +134,8 @@ def text_ratio(old: str, new: str) -> float:
     return difflib.SequenceMatcher(None, _tokens(old), _tokens(new), autojunk=False).ratio()
 
 
-# -- the command -------------------------------------------------------------------------------
-def _open(args: argparse.Namespace) -> tuple[Corpus, Corpus]:
-    from pipeline.duplicates import open_removed
-
-    corpus = Corpus.open(args.corpus)
-    return corpus, open_removed(corpus, args.removed)
-
-
-def _summary(cluster: Any) -> dict[str, Any]:
+def cluster_summary(cluster: Any) -> dict[str, Any]:
+    """One cluster's figures, for the list and for ``--json``."""
     rep = cluster.representative
     sims = [m.similarity for m in cluster.members if m.removed_as == "near_duplicate" and m.similarity is not None]
     return {"cluster_id": cluster.id, "size": cluster.size, "exact_duplicates": cluster.exact,
@@ -172,11 +145,12 @@ def _summary(cluster: Any) -> dict[str, Any]:
 
 
 def render_list(clusters: list[Any], top: int, total_docs: int) -> str:
+    """The ``top`` largest clusters, one line each, with how many documents they hold of ``total_docs``."""
     lines = [f"{len(clusters):,} clusters with removed members, holding "
              f"{sum(c.size for c in clusters):,} of {total_docs:,} documents; the largest {min(top, len(clusters))}:",
              f"{'#':>3}  {'cluster id':<32}  {'size':>4}  {'exact':>5}  {'near':>4}  {'min sim':>7}  representative"]
     for rank, cluster in enumerate(clusters[:top], start=1):
-        s = _summary(cluster)
+        s = cluster_summary(cluster)
         sim = f"{s['min_similarity']:.3f}" if s["min_similarity"] is not None else "-"
         lines.append(f"{rank:>3}  {cluster.id:<32}  {s['size']:>4}  {s['exact_duplicates']:>5}  "
                      f"{s['near_duplicates']:>4}  {sim:>7}  {s['representative'] or '(in an earlier corpus)'}")
@@ -184,20 +158,8 @@ def render_list(clusters: list[Any], top: int, total_docs: int) -> str:
     return "\n".join(lines)
 
 
-def find(clusters: list[Any], wanted: str) -> Any:
-    """The cluster whose id, or one of whose members' ids, is ``wanted`` or starts with it."""
-    exact = [c for c in clusters if wanted in {m.id for m in c.everyone()} | {c.id}]
-    if exact:
-        return exact[0]
-    matches = [c for c in clusters if c.id.startswith(wanted) or any(m.id.startswith(wanted) for m in c.everyone())]
-    if len(matches) == 1:
-        return matches[0]
-    if not matches:
-        raise LookupError(f"no cluster has a document whose id is or starts with {wanted!r}")
-    raise LookupError(f"{wanted!r} is a prefix of ids in {len(matches)} clusters; give more of it")
-
-
 def render_cluster(cluster: Any, width: int) -> str:
+    """Every member of ``cluster`` against its representative, ``width`` columns wide."""
     rep = cluster.representative
     lines = [f"cluster {cluster.id}: {cluster.size} documents ({cluster.exact} exact, {cluster.near} near duplicates)"]
     if rep is None or rep.text is None:
@@ -222,40 +184,3 @@ def render_cluster(cluster: Any, width: int) -> str:
         lines.append(f"  {_pad(left_title, column)} │ this document")
         lines.extend(side_by_side(base, text, width))
     return "\n".join(lines)
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except CorpusError as exc:
-        print(f"gristmill clusters: {exc}", file=sys.stderr)
-        return 2
-    except pa.ArrowException as exc:  # a shard that is not the Parquet its manifest promised
-        print(f"gristmill clusters: {args.corpus}: a shard cannot be read: {exc}", file=sys.stderr)
-        return 2
-
-
-def _run(args: argparse.Namespace) -> int:
-    from pipeline.duplicates import find_clusters, load_texts
-
-    corpus, removed = _open(args)
-    clusters = find_clusters(corpus, removed)
-    width = args.width or max(60, min(200, shutil.get_terminal_size((140, 40)).columns))
-    if args.show is None:
-        if args.json:
-            print(json.dumps([_summary(c) for c in clusters[:args.top]], indent=2, ensure_ascii=False))
-        else:
-            print(render_list(clusters, args.top, corpus.num_rows + removed.num_rows))
-        return 0
-    try:
-        cluster = find(clusters, args.show)
-    except LookupError as exc:
-        print(f"gristmill clusters: {exc}", file=sys.stderr)
-        return 1
-    load_texts(cluster, corpus, removed)
-    if args.json:
-        print(json.dumps({**_summary(cluster), "members": [vars(m) for m in cluster.everyone()]},
-                         indent=2, ensure_ascii=False))
-    else:
-        print(render_cluster(cluster, width))
-    return 0
