@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from pipeline import cli
-from pipeline.demo_site.content import SITE_HOSTS, build_sites, load_articles
+from pipeline.demo.site.content import SITE_HOSTS, build_sites, load_articles
 from pipeline.format import Corpus
 from pipeline.report.duplicates import find_clusters, open_removed
 from pipeline.report.html_report import COLORS

@@ -11,8 +11,8 @@ from xml.etree import ElementTree
 import pytest
 
 from crawlers.extract import detect_language, extract_text
-from pipeline.demo_site.content import LANGUAGES, SITE_HOSTS, load_articles, parse_articles
-from pipeline.demo_site.server import DemoSite, serving
+from pipeline.demo.site.content import LANGUAGES, SITE_HOSTS, load_articles, parse_articles
+from pipeline.demo.site.server import DemoSite, serving
 
 pytestmark = pytest.mark.timeout(120)
 

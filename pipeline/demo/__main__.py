@@ -1,7 +1,7 @@
 """``make demo``: crawl the bundled demo web, deduplicate it on local Ray, and stream it as training batches.
 
 One command shows the whole product on a machine with no network: it serves the demo sites
-(``pipeline.demo_site``) on 127.0.0.1, crawls them with the crawler, runs the dedup job on a local
+(``pipeline.demo.site``) on 127.0.0.1, crawls them with the crawler, runs the dedup job on a local
 Ray with two CPUs, prints the corpus's statistics and writes the HTML report, lists the largest
 duplicate clusters, trains a small BPE tokenizer on the kept text (nothing is downloaded), then
 streams one epoch of packed token batches through ``StreamingLoader`` and prints what a training
@@ -224,7 +224,7 @@ def show_training_view(seen: dict[str, Any], resumed: dict[str, Any], batch_size
 # -- the whole demo --------------------------------------------------------------------------------
 def run_demo(output: Path, batch_size: int = 8, seq_len: int = 256) -> dict[str, Any]:
     """Every step; returns (and writes to ``output/summary.json``) what each produced."""
-    from pipeline.demo_site.server import serving
+    from pipeline.demo.site.server import serving
 
     output = output.resolve()
     paths = {name: output / name for name in ("raw", "corpus", "removed")}
