@@ -1,8 +1,8 @@
 """gristmill crawlers: a polite, crash-safe async crawler that writes raw corpus shards.
 
-``crawl(seeds, output, **options)`` runs a crawl (re-running resumes); ``extract_text`` and
-``detect_language`` are the text tools the pipeline shares. Importing this package loads neither
-aiohttp nor trafilatura until they are used.
+``crawl(seeds, output, **options)`` runs a crawl (re-running resumes; ``oracle=`` plugs in a store of
+known texts, :mod:`crawlers.oracle`); ``extract_text`` and ``detect_language`` are the text tools the
+pipeline shares. Importing this package loads neither aiohttp nor trafilatura until they are used.
 """
 
 from __future__ import annotations

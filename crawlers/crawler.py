@@ -35,6 +35,7 @@ from .extract import (
 )
 from .fetch import HTML_TYPES, SITEMAP_TYPES, BlockedError, Fetcher, FetchError, FetchLimits, Response
 from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, ResultLog, now_ms
+from .oracle import DuplicateOracle, OracleError
 from .output import Committer, check_output_folder, warc_payload
 from .proxies import NoProxyAvailable, ProxyPool, ProxySpec
 from .robots import Robots, fetch_robots
@@ -108,8 +109,6 @@ class CrawlConfig:
     progress_interval: float = 10.0
     retry_parked: bool = False
     storage_options: Mapping[str, Any] = field(default_factory=dict)
-    dedup_service: str | None = None  # URL of `gristmill serve`: skip storing documents it already has
-    dedup_service_token: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse bad settings here, before a crawl creates any state."""
@@ -204,10 +203,14 @@ def outcome_kind(outcome: str) -> str:
 
 
 class Crawler:
-    """A crawl into ``output``; ``run()`` resumes whatever state the output folder already holds."""
+    """A crawl into ``output``; ``run()`` resumes whatever state the output folder already holds.
+
+    With an ``oracle`` (e.g. the dedup service), a page whose text it already holds is not stored.
+    """
 
     def __init__(self, seeds: list[str], output: str, config: CrawlConfig | None = None,
-                 on_progress: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_progress: Callable[[dict[str, Any]], None] | None = None,
+                 oracle: DuplicateOracle | None = None) -> None:
         self.config = config or CrawlConfig()
         self.output = output
         self.seeds = list(seeds)
@@ -235,7 +238,7 @@ class Crawler:
         self._fetched = 0
         self._pending_results = 0
         self._documents = 0
-        self._dedup: Any = None
+        self._oracle = oracle
         self._committing: asyncio.Future[int] | None = None
         self._dedup_counts = Counter[str]()
 
@@ -272,10 +275,8 @@ class Crawler:
         self.pool = ExtractionPool(cfg.extract_workers, cfg.extract_timeout) if cfg.extract else None
         self._extract_slots = asyncio.Semaphore(max(4, 4 * cfg.extract_workers))
         self._slots = asyncio.Semaphore(cfg.concurrency)
-        if cfg.dedup_service:
-            from pipeline.service.client import AsyncDedupClient  # only when asked for: stdlib + aiohttp
-
-            self._dedup = await AsyncDedupClient(cfg.dedup_service, cfg.dedup_service_token).open()
+        if self._oracle is not None:
+            await self._oracle.open()
         self._documents = self.frontier.documents()
         self._pending_results = self.results.unsharded_count()
         background: list[asyncio.Task[None]] = []
@@ -295,8 +296,8 @@ class Crawler:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await self.fetcher.close()
-            if self._dedup is not None:
-                await self._dedup.close()
+            if self._oracle is not None:
+                await self._oracle.close()
             if self.pool is not None:
                 self.pool.close()
             if self._committing is not None:
@@ -739,7 +740,7 @@ class Crawler:
             blob = warc_payload(response.request_headers, response.status, "OK", list(response.headers.items()),
                                 response.body, {"language": language, "encoding": encoding,
                                                 "links": len(links), "depth": request.depth})
-        duplicate_of = await self._known_to_service(row) if text and self._dedup is not None else None
+        duplicate_of = await self._known_to_oracle(row) if text and self._oracle is not None else None
         with self.frontier.transaction():
             if duplicate_of is not None:
                 self.frontier.finish(request, f"duplicate: of {duplicate_of} (dedup service)")
@@ -756,25 +757,23 @@ class Crawler:
         if self._pending_results >= cfg.commit_every:
             self._commit()
 
-    async def _known_to_service(self, row: dict[str, Any]) -> str | None:
-        """Ask the dedup service (checking and adding in one step) whether it already holds this text.
+    async def _known_to_oracle(self, row: dict[str, Any]) -> str | None:
+        """Ask the oracle (checking and adding in one step) whether it already holds this text.
 
-        Returns the id of the document it duplicates, or None to store it. The service is advisory:
+        Returns the id of the document it duplicates, or None to store it. The oracle is advisory:
         when it cannot answer, the page is stored and the error counted. A match with this page's own
         id (it was added before a crash kept it from being stored) does not count as a duplicate.
         """
-        from pipeline.service.client import ServiceError
-
+        assert self._oracle is not None
         try:
-            [result] = await self._dedup.add([(row["id"], row["text"])])
-        except ServiceError as exc:
+            [verdict] = await self._oracle.add([(row["id"], row["text"])])
+        except OracleError as exc:
             self._dedup_counts["errors"] += 1
             self._error(f"{row['final_url']}: dedup service: {exc}")
             return None
         self._dedup_counts["checked"] += 1
-        others = [i for i in (result.exact_duplicate_of, *(n.id for n in result.near_duplicates))
-                  if i is not None and i != row["id"]]
-        if result.new or not others:
+        others = [i for i in verdict.duplicate_of if i != row["id"]]
+        if verdict.new or not others:
             return None
         self._dedup_counts["duplicates"] += 1
         return others[0]
@@ -871,10 +870,12 @@ class Crawler:
 
 
 def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
-          on_progress: Callable[[dict[str, Any]], None] | None = None, **options: Any) -> CrawlSummary:
+          on_progress: Callable[[dict[str, Any]], None] | None = None, oracle: DuplicateOracle | None = None,
+          **options: Any) -> CrawlSummary:
     """Crawl ``seeds`` (page or sitemap URLs) into the corpus folder ``output``; re-running resumes.
 
     Options are :class:`CrawlConfig` fields, e.g. ``crawl(seeds, "out", allow_networks=["127.0.0.0/8"])``.
+    With an ``oracle`` (:mod:`crawlers.oracle`), pages whose text it already holds are not stored.
     SIGINT and SIGTERM stop the crawl gracefully (in-flight pages finish, results are committed; a
     second signal cancels the pages in flight). After SIGTERM the summary is returned; after SIGINT
     (Ctrl-C) :class:`KeyboardInterrupt` is raised once everything is committed, as Python code
@@ -882,7 +883,7 @@ def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
     """
     cfg = config or CrawlConfig(**options)
     check_output_folder(output, cfg.storage_options)  # before any state is made
-    crawler = Crawler(seeds, output, cfg, on_progress)
+    crawler = Crawler(seeds, output, cfg, on_progress, oracle)
     received: list[signal.Signals] = []
 
     def on_signal(sig: signal.Signals) -> None:

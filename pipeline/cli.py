@@ -17,7 +17,7 @@ from typing import NoReturn
 
 COMMANDS: dict[str, str] = {
     "inspect": "pipeline.commands.inspect",
-    "crawl": "crawlers.cli",
+    "crawl": "pipeline.commands.crawl",
     "serve": "pipeline.commands.serve",
     "dedup": "pipeline.commands.dedup",
     "stats": "pipeline.commands.stats",

@@ -6,8 +6,9 @@ import argparse
 import os
 import sys
 
+from pipeline.service.client import TOKEN_ENV
+
 HELP = "Serve dedup checks over HTTP: POST /check and /add against a corpus's signature index plus everything added."
-TOKEN_ENV = "GRISTMILL_SERVICE_TOKEN"
 LOG_NAME = "inserts.log"
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 DocumentLike = str | tuple[str, str] | Mapping[str, str]
 DEFAULT_BATCH = 256
+TOKEN_ENV = "GRISTMILL_SERVICE_TOKEN"  # the bearer token: what gristmill serve requires, what gristmill crawl sends
 
 
 class ServiceError(Exception):

@@ -1,4 +1,8 @@
-"""``gristmill crawl SEEDS -o OUT``: crawl seed URLs or sitemaps into raw corpus shards; re-run to resume."""
+"""``gristmill crawl SEEDS -o OUT``: crawl seed URLs or sitemaps into raw corpus shards; re-run to resume.
+
+The crawler (``crawlers/``) knows nothing of the dedup service; with ``--dedup-service`` this command
+plugs the service in as the crawl's duplicate oracle (:mod:`pipeline.service.oracle`).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from pipeline.service.client import TOKEN_ENV
+
 if TYPE_CHECKING:
-    from .crawler import CrawlSummary
+    from crawlers.crawler import CrawlSummary
 
 HELP = "crawl seed URLs or sitemaps into raw corpus shards (re-running resumes)"
 EPILOG = """exit status: 0 when the crawl holds documents (a re-run with nothing left to fetch included) or
@@ -68,8 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress", type=float, default=10.0, help="seconds between progress lines")
     parser.add_argument("--quiet", action="store_true", help="only warnings and the summary")
     parser.add_argument("--dedup-service", metavar="URL",
-                        help="gristmill serve URL: skip storing documents it already has (token from "
-                             "GRISTMILL_SERVICE_TOKEN)")
+                        help=f"gristmill serve URL: skip storing documents it already has (token from {TOKEN_ENV})")
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
@@ -93,8 +98,9 @@ def read_seeds(path: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .crawler import CrawlConfig, crawl
-    from .output import check_output_folder
+    from crawlers.crawler import CrawlConfig, crawl
+    from crawlers.output import check_output_folder
+    from pipeline.service.oracle import ServiceOracle
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
@@ -112,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gristmill crawl: {exc}", file=sys.stderr)
         return 2
-    summary = crawl(seeds, args.output, config)
+    oracle = ServiceOracle(args.dedup_service, os.environ.get(TOKEN_ENV) or None) if args.dedup_service else None
+    summary = crawl(seeds, args.output, config, oracle=oracle)
     report = summary.to_dict()
     report.pop("hosts")
     report["errors"] = report["errors"][:20]
@@ -157,7 +164,4 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         options["extract_workers"] = args.extract_workers
     if args.user_agent:
         options["user_agent"] = args.user_agent
-    if args.dedup_service:
-        options["dedup_service"] = args.dedup_service
-        options["dedup_service_token"] = os.environ.get("GRISTMILL_SERVICE_TOKEN") or None
     return options
