@@ -233,15 +233,6 @@ def test_table_input_must_carry_the_schema_columns(tmp_path: Path) -> None:
         writer.write(pa.table({"id": ["a"]}))
 
 
-def test_importing_loaders_and_format_stays_light() -> None:
-    code = (
-        "import sys, loaders, pipeline.format; "
-        "heavy = [m for m in ('ray', 'aiohttp', 'torch') if m in sys.modules]; "
-        "print(','.join(heavy))"
-    )
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == ""
-
 
 def test_console_script_is_installed() -> None:
     script = Path(sys.executable).parent / "gristmill"
