@@ -233,7 +233,6 @@ def test_table_input_must_carry_the_schema_columns(tmp_path: Path) -> None:
         writer.write(pa.table({"id": ["a"]}))
 
 
-
 def test_console_script_is_installed() -> None:
     script = Path(sys.executable).parent / "gristmill"
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True)
