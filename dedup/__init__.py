@@ -4,7 +4,7 @@ See docs/DEDUP.md for the normalisation steps, shingles, hashes, the band choice
 policy.
 """
 
-from .cluster import UnionFind, choose_representatives, connected_components
+from .cluster import Survivors, UnionFind, choose_representatives, connected_components, survivors
 from .core import STATUSES, DedupResult, deduplicate
 from .lsh import (
     UNVERIFIED_WEIGHTS,
@@ -31,6 +31,7 @@ __all__ = [
     "DedupResult",
     "MinHasher",
     "NormalizeOptions",
+    "Survivors",
     "UnionFind",
     "band_hashes",
     "bucket_edges",
@@ -44,5 +45,6 @@ __all__ = [
     "normalize",
     "optimal_bands",
     "s_curve",
+    "survivors",
     "verify_edges",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pyarrow as pa
 
@@ -87,17 +89,39 @@ def _dense_rank(values: np.ndarray | pa.Array | pa.ChunkedArray | list) -> np.nd
     return np.unique(values, return_inverse=True)[1].reshape(-1)
 
 
-def choose_representatives(
+class Survivors(NamedTuple):
+    """Per distinct label (ascending): its best row and the summed weight of its rows."""
+
+    label: np.ndarray
+    row: np.ndarray  # int64 index into the rows given
+    weight: np.ndarray  # int64
+
+
+def survivors(
     labels: np.ndarray,
     lengths: np.ndarray,
     ids: np.ndarray | pa.Array | list,
     priority: np.ndarray | pa.Array | list | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """One survivor per cluster: ``(is_representative, index of each row's representative)``.
+    weights: np.ndarray | None = None,
+) -> Survivors:
+    """The best row of each label (see :func:`choose_representatives`) and each label's total weight.
 
-    The survivor has the highest ``priority`` (when given), then the greatest length, then the
-    smallest id, so the choice depends only on the data, never on input order or partitioning.
+    Both phases of a distributed survivor choice call this. Phase 1, per split: the split's best
+    row per cluster label, with the count of its members (``weights``: exact copies included). Those
+    rows, one per (split, cluster), are shuffled by label; phase 2 calls this again on them, with
+    their counts as ``weights``: the best of the bests is the best of all (the order is total on
+    distinct ids), and the weights add up to the cluster size. No member's signature moves by label.
+    Each member's estimated Jaccard similarity to its representative still needs the
+    representative's signature where the member is: phase 2 sends one row per (split, cluster) back,
+    the winner's key, id and signature, to each split that sent a phase-1 row for that cluster.
     """
+    return _survivors(labels, lengths, ids, priority, weights)[0]
+
+
+def _survivors(labels: np.ndarray, lengths: np.ndarray, ids: np.ndarray | pa.Array | list,
+               priority: np.ndarray | pa.Array | list | None,
+               weights: np.ndarray | None) -> tuple[Survivors, np.ndarray]:
+    """:func:`survivors`, and the index of each row's label among the distinct labels."""
     labels = np.asarray(labels)
     n = labels.shape[0]
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -117,12 +141,30 @@ def choose_representatives(
         if priority_rank.shape[0] != n:
             raise ValueError(f"priority has {priority_rank.shape[0]} values for {n} documents")
         sort_keys.append(-priority_rank)
-    sort_keys.append(_dense_rank(labels))
+    unique, label_rank = np.unique(labels, return_inverse=True)
+    label_rank = label_rank.reshape(-1)
+    sort_keys.append(label_rank)
     order = np.lexsort(sort_keys)
-    group_start = np.ones(n, dtype=bool)
-    sorted_labels = labels[order]
-    group_start[1:] = sorted_labels[1:] != sorted_labels[:-1]
-    first_of_group = order[group_start]
-    rep_index = np.empty(n, dtype=np.int64)
-    rep_index[order] = np.repeat(first_of_group, np.diff(np.append(np.flatnonzero(group_start), n)))
-    return rep_index == np.arange(n), rep_index
+    first = np.ones(n, dtype=bool)
+    first[1:] = label_rank[order][1:] != label_rank[order][:-1]
+    weights = np.ones(n, dtype=np.int64) if weights is None else np.asarray(weights, dtype=np.int64)
+    if weights.shape[0] != n:
+        raise ValueError(f"weights has {weights.shape[0]} values for {n} documents")
+    total = np.bincount(label_rank, weights=weights, minlength=unique.size).astype(np.int64)
+    return Survivors(unique, order[first], total), label_rank
+
+
+def choose_representatives(
+    labels: np.ndarray,
+    lengths: np.ndarray,
+    ids: np.ndarray | pa.Array | list,
+    priority: np.ndarray | pa.Array | list | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One survivor per cluster: ``(is_representative, index of each row's representative)``.
+
+    The survivor has the highest ``priority`` (when given), then the greatest length, then the
+    smallest id, so the choice depends only on the data, never on input order or partitioning.
+    """
+    chosen, label_rank = _survivors(labels, lengths, ids, priority, None)
+    rep_index = chosen.row[label_rank]
+    return rep_index == np.arange(rep_index.size), rep_index

@@ -1,6 +1,6 @@
 """Connected components as per-partition rounds (dedup.components), run by dedup.simulate: labels equal
 to dedup.connected_components, at most ten shuffle rounds, balanced partitions in every round,
-converged components leaving the working set."""
+converged components leaving the working set; and the two-phase survivor choice."""
 
 from __future__ import annotations
 
@@ -141,3 +141,33 @@ def test_settle_refuses_replies_that_leave_a_moved_node_unlabelled() -> None:
                                  np.zeros(1, np.int64), np.zeros(1, bool))  # 5 moved to 6; 6 never answered
     with pytest.raises(ValueError, match="do not follow every moved node"):
         components.settle(np.array([4], np.uint64), np.array([5], np.uint64), [replies])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 4), st.booleans(), st.integers(1, 3),
+                            st.integers(0, 3)), min_size=1, max_size=60),
+    with_priority=st.booleans(),
+)
+def test_two_phase_survivors_equal_the_one_phase_choice(rows: list[tuple[int, int, bool, int, int]],
+                                                        with_priority: bool) -> None:
+    labels, lengths, priority, copies, split = (np.array(column) for column in zip(*rows))
+    ids = np.array([f"doc-{i:03d}" for i in np.random.default_rng(len(rows)).permutation(len(rows))])
+    priority = priority if with_priority else None
+    # phase 1: per split, the best row of each label and the label's count of documents there
+    partial_rows, partial_weights = [], []
+    for s in np.unique(split):
+        mine = np.flatnonzero(split == s)
+        best = dedup.survivors(labels[mine], lengths[mine], ids[mine],
+                               None if priority is None else priority[mine], copies[mine])
+        partial_rows.append(mine[best.row])
+        partial_weights.append(best.weight)
+    chosen = np.concatenate(partial_rows)  # one row per (split, label) moves, no member's signature
+    # phase 2: the same choice over the partial rows, keyed by label
+    final = dedup.survivors(labels[chosen], lengths[chosen], ids[chosen],
+                            None if priority is None else priority[chosen], np.concatenate(partial_weights))
+    is_rep, rep_index = dedup.choose_representatives(labels, lengths, ids, priority)
+    np.testing.assert_array_equal(final.label, np.unique(labels))
+    np.testing.assert_array_equal(chosen[final.row], rep_index[is_rep][np.argsort(labels[is_rep])])
+    np.testing.assert_array_equal(final.weight, np.bincount(np.unique(labels, return_inverse=True)[1],
+                                                            weights=copies).astype(np.int64))
