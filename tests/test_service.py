@@ -324,3 +324,27 @@ def test_serves_an_index_and_exports_one_that_loads_back(tmp_path: Path) -> None
     job = SimpleNamespace(config=config, params=index_params(config))
     [index_file] = against_index_files(config, job.params)
     assert read_index_file(job, index_file)["id"].to_pylist() == table.ids
+
+
+def test_export_replaces_only_an_earlier_export(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Exporting again replaces the earlier export (its index file goes after the commit); a folder
+    holding a corpus or someone's files is refused before the index is even loaded."""
+    import pyarrow as pa
+
+    from pipeline.format import CORPUS_SCHEMA, Corpus, ShardWriter
+
+    state, out = str(tmp_path / "state"), tmp_path / "out"
+    for _ in range(2):
+        assert main(["serve", "--state", state, "--export", str(out)]) == 0
+    assert len(list((out / "_index").iterdir())) == 1
+    corpus = tmp_path / "corpus"
+    writer = ShardWriter(str(corpus), CORPUS_SCHEMA)
+    writer.write(pa.Table.from_pylist([{"id": "a", "text": "kept"}], schema=CORPUS_SCHEMA))
+    writer.commit()
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "notes.txt").write_text("mine")
+    for target, reason in ((corpus, "not a service export"), (tmp_path / "home", "holds no gristmill corpus")):
+        capsys.readouterr()
+        assert main(["serve", "--state", state, "--export", str(target)]) == 2
+        assert reason in capsys.readouterr().err
+    assert Corpus.open(str(corpus)).num_rows == 1 and (tmp_path / "home" / "notes.txt").read_text() == "mine"

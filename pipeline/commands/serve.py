@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     from pipeline.format import CorpusError
-    from pipeline.format.signature_index import load_index, params_for, write_index
+    from pipeline.format.signature_index import check_export_folder, load_index, params_for, write_index
     from pipeline.service.server import DedupService, LogError, check_bind, serve_forever
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -67,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--max-batch, --max-body-mb and --read-timeout must be positive")
         token = _token(args)
         check_bind(args.host, token)
+        if args.export:
+            check_export_folder(args.export)  # before loading: refused in a second, not after minutes
         if args.index:
             params, base = load_index(args.index)
         else:

@@ -25,15 +25,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.format.manifest import CorpusError, write_manifest
+from pipeline.format.manifest import (
+    MANIFEST_NAME,
+    CorpusError,
+    is_owned_file,
+    remove_unlisted,
+    write_manifest,
+)
 from pipeline.format.reader import Corpus
 from pipeline.format.schemas import CORPUS_SCHEMA, index_schema
 from pipeline.format.storage import open_fs
 
-__all__ = ["INDEX_FOLDER", "IndexParams", "ParamsError", "SignatureTable", "fixed_list", "list_matrix", "load_index",
-           "params_for", "params_from_dict", "params_to_dict", "write_index"]
+__all__ = ["EXPORT_KIND", "INDEX_FOLDER", "IndexParams", "ParamsError", "SignatureTable", "check_export_folder",
+           "fixed_list", "list_matrix", "load_index", "params_for", "params_from_dict", "params_to_dict",
+           "write_index"]
 
 INDEX_FOLDER = "_index"
+EXPORT_KIND = "service-export"  # ``extra.kind`` of what ``gristmill serve --export`` writes
 
 
 class ParamsError(ValueError):
@@ -176,11 +184,31 @@ def write_index(
     The index file is written first under a unique name, the manifest last (the commit point), so a
     crash leaves any earlier export intact. Returns the index file's relative name.
     """
+    check_export_folder(url, storage_options)
     fs, root = open_fs(url, storage_options)
     name = f"{INDEX_FOLDER}/index-service-{uuid.uuid4().hex[:12]}.parquet"
     fs.makedirs(posixpath.join(root, INDEX_FOLDER), exist_ok=True)
     with fs.open(posixpath.join(root, name), "wb") as handle:
         pq.write_table(table.to_arrow(params), handle, compression="zstd")
-    extra = {"signature_index": {"files": [name], "params": params_to_dict(params)}}
-    write_manifest(url, [], CORPUS_SCHEMA, stats=dict(stats or {}), extra=extra, storage_options=storage_options)
+    extra = {"kind": EXPORT_KIND, "signature_index": {"files": [name], "params": params_to_dict(params)}}
+    manifest = write_manifest(url, [], CORPUS_SCHEMA, stats=dict(stats or {}), extra=extra,
+                              storage_options=storage_options)
+    remove_unlisted(url, manifest, storage_options)  # the earlier export's index file, after the commit
     return name
+
+
+def check_export_folder(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Refuse (CorpusError) to export into a folder holding anything but an earlier export: the
+    export's manifest would replace a corpus's, and its cleanup would take that corpus's files."""
+    fs, root = open_fs(url, storage_options)
+    if not fs.exists(root):
+        return
+    if fs.exists(posixpath.join(root, MANIFEST_NAME)):
+        kind = Corpus.open(url, storage_options).manifest.extra.get("kind")
+        if kind != EXPORT_KIND:
+            raise CorpusError(f"{url} holds a corpus that is not a service export; export into a new folder")
+        return
+    foreign = next((path for path in fs.find(root) if not is_owned_file(posixpath.relpath(path, root))), None)
+    if foreign is not None:
+        raise CorpusError(f"{url} is not empty and holds no gristmill corpus (found {foreign}); "
+                          "export into a new folder")
