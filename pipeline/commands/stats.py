@@ -1,6 +1,8 @@
-"""``gristmill stats CORPUS``: the dedup statistics a corpus's manifest holds, readably or as JSON.
+"""``gristmill stats CORPUS``: a corpus's dedup statistics, readably or as JSON.
 
-``--html FILE`` also writes the same statistics as a self-contained HTML page with charts
+The totals come from the manifest and every breakdown in full from the statistics table beside the
+corpus (``pipeline.format.stats_table``; older corpora kept them in the manifest). ``--html FILE``
+also writes the same statistics as a self-contained HTML page with charts
 (``pipeline.report.html_report.write_report``).
 """
 
@@ -11,6 +13,7 @@ import json
 import sys
 
 from pipeline.format import Corpus, CorpusError
+from pipeline.format.stats_table import full_stats
 from pipeline.report.stats_text import render
 
 HELP = "Print a corpus's dedup statistics: documents kept/removed/rejected, breakdowns, clusters, stage times."
@@ -26,14 +29,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         corpus = Corpus.open(args.corpus)
+        stats = full_stats(corpus)
     except CorpusError as exc:
         print(f"gristmill stats: {exc}", file=sys.stderr)
         return 2
-    if not corpus.stats:
+    if not stats:
         print(f"gristmill stats: {args.corpus}: the manifest holds no statistics (not written by gristmill dedup)",
               file=sys.stderr)
         return 2
-    print(json.dumps(corpus.stats, indent=2) if args.json else render(corpus.stats))
+    print(json.dumps(stats, indent=2) if args.json else render(stats))
     if args.html:
         from pipeline.report.html_report import write_report
 

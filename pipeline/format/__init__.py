@@ -11,6 +11,7 @@ from pipeline.format.manifest import (
     FORMAT_VERSION,
     JOB_FINGERPRINT_KEY,
     MANIFEST_NAME,
+    STATS_TABLE_KEY,
     ChecksumMismatch,
     CorpusError,
     Manifest,
@@ -35,7 +36,7 @@ from pipeline.format.writer import ShardWriter
 
 __all__ = [
     "CORPUS_SCHEMA", "FORMAT_VERSION", "JOB_FINGERPRINT_KEY", "MANIFEST_NAME", "RAW_CRAWL_SCHEMA", "REJECT_KINDS",
-    "REJECT_SCHEMA", "REMOVED_SCHEMA", "ChecksumMismatch", "Corpus", "CorpusError", "Manifest", "RowGroupInfo",
+    "REJECT_SCHEMA", "REMOVED_SCHEMA", "STATS_TABLE_KEY", "ChecksumMismatch", "Corpus", "CorpusError", "Manifest", "RowGroupInfo",
     "ShardInfo", "ShardWriter", "VerifyResult", "index_schema", "is_owned_file", "member_path", "open_fs",
     "remove_unlisted", "write_manifest",
 ]

@@ -29,6 +29,7 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 CHECKSUM_ALGORITHM = "xxh3_128"
 JOB_FINGERPRINT_KEY = "job_fingerprint"  # in a manifest's ``extra``: which job wrote the corpus
+STATS_TABLE_KEY = "stats_table"  # in a manifest's ``extra``: {"files": [...]}, the statistics table
 
 
 class CorpusError(Exception):
@@ -240,8 +241,8 @@ def manifest_location(url: str, fs: fsspec.AbstractFileSystem, root: str) -> str
 # Files a gristmill writer puts in a corpus folder (fnmatch patterns, relative to the folder): what a
 # job may treat as its own when it checks a folder before writing and cleans up after committing.
 OWNED_PATTERNS = ("manifest.json", "manifest.json.tmp-*", "*.parquet.tmp-*", "part-*.parquet", "removed-*.parquet",
-                  "_index/index-*.parquet", "_index/*.tmp-*", "_rejects/rejects-*.parquet", "_rejects/*.tmp-*",
-                  "_work/*")
+                  "_index/index-*.parquet", "_index/bands-*.parquet", "_index/*.tmp-*", "_rejects/rejects-*.parquet",
+                  "_rejects/*.tmp-*", "_stats/stats-*.parquet", "_stats/*.tmp-*", "_work/*")
 
 
 def is_owned_file(relative: str) -> bool:
@@ -267,9 +268,15 @@ def remove_unlisted(url: str, manifest: Manifest, storage_options: Mapping[str, 
 
 
 def manifest_extra_files(manifest: Manifest) -> list[str]:
-    """The files besides shards that a manifest's ``extra`` names (signature index, rejects)."""
-    index = manifest.extra.get("signature_index")
-    files = list(index.get("files") or []) if isinstance(index, Mapping) else []
+    """The files besides shards that a manifest's ``extra`` names (signature index and its band files,
+    rejects, statistics table)."""
+    files: list[Any] = []
+    for key, lists in (("signature_index", ("files", "band_files")), (STATS_TABLE_KEY, ("files",))):
+        entry = manifest.extra.get(key)
+        if isinstance(entry, Mapping):
+            for name in lists:
+                listed = entry.get(name)
+                files += listed if isinstance(listed, list) else []
     if isinstance(manifest.extra.get("rejects"), str):
         files.append(manifest.extra["rejects"])
     return [name for name in files if isinstance(name, str)]

@@ -1,5 +1,5 @@
 """Every Arrow schema a gristmill folder holds: the corpus, the removed documents, the rejects, the
-raw crawl and the signature index (docs/FORMAT.md explains each column).
+statistics table, the raw crawl and the signature index (docs/FORMAT.md explains each column).
 
 Why one module: a schema is the contract between a writer and its readers (the job, the crawler, the
 loader, the service and the commands); kept together, a change to one is seen next to the others.
@@ -35,6 +35,15 @@ REJECT_KINDS = ("invalid_utf8", "empty", "over_size_cap", "unparseable", "corrup
 REJECT_SCHEMA = pa.schema([
     ("source", pa.string()), ("position", pa.string()), ("kind", pa.string()), ("reason", pa.string()),
     ("bytes", pa.int64()), ("count", pa.int64()), ("origin", pa.string()),
+])
+
+# The statistics table beside a dedup corpus (``_stats/``): one row per (breakdown, key) with what
+# became of its documents; the manifest keeps only the totals and each breakdown's top keys.
+STATS_BREAKDOWNS = ("by_source", "by_domain", "by_language", "cluster_sizes")
+STATS_SCHEMA = pa.schema([
+    ("breakdown", pa.string()), ("key", pa.string()), ("input", pa.int64()), ("kept", pa.int64()),
+    ("exact_duplicate", pa.int64()), ("near_duplicate", pa.int64()), ("rejected", pa.int64()),
+    ("input_bytes", pa.int64()), ("kept_bytes", pa.int64()), ("rejected_bytes", pa.int64()),
 ])
 
 # Columns of a raw crawl shard; docs/FORMAT.md, "Raw crawl shards", explains each.

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from pipeline.format.signature_index import INDEX_FOLDER
+from pipeline.format.stats_table import STATS_FOLDER
 
 WORK_FOLDER = "_work"  # inside the output corpus; removed after success unless keep_work
 REJECTS_FOLDER = "_rejects"
@@ -148,6 +149,9 @@ EXACT_CLUSTERS_DONE = Records("clusters/exact")
 EXACT_CLUSTERS = BySplit("exact_clusters")  # EXACT_CLUSTER_SCHEMA
 # write: per split
 WRITE_DONE = Records("write/done")
+SPLIT_STATS = PerSplit("stats")  # stats.SPLIT_STATS_SCHEMA, sorted by key hash
+# stats: per key-hash range, into stats_file()
+STATS_DONE = Records("stats/done")
 
 
 # -- beside the corpus: listed in its manifest ------------------------------------------------------
@@ -159,6 +163,11 @@ def index_file(split: int, fingerprint: str) -> str:
 def rejects_file(fingerprint: str) -> str:
     """The run's rejects file, relative to the corpus folder."""
     return f"{REJECTS_FOLDER}/rejects-{fingerprint[:12]}.parquet"
+
+
+def stats_file(fingerprint: str, part: int) -> str:
+    """One key-hash range of the run's statistics table, relative to the corpus folder."""
+    return f"{STATS_FOLDER}/stats-{fingerprint[:12]}-{part:05d}.parquet"
 
 
 # -- work schemas ------------------------------------------------------------------------------------

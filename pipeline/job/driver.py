@@ -21,6 +21,7 @@ from pipeline.format import (
     JOB_FINGERPRINT_KEY,
     REJECT_SCHEMA,
     REMOVED_SCHEMA,
+    STATS_TABLE_KEY,
     Corpus,
     ShardInfo,
     open_fs,
@@ -45,7 +46,7 @@ from pipeline.job.inputs import KEY_BITS, plan_splits, resolve_inputs
 from pipeline.job.plan import against_index_files, claim_folders, job_fingerprint
 from pipeline.job.read import read_index_split, read_split
 from pipeline.job.sign import sign_split
-from pipeline.job.stats import final_stats, merge_counts
+from pipeline.job.stats import final_stats, merge_counts, run_stats
 from pipeline.job.tasks import Job, make_runner, map_splits
 from pipeline.job.verify import run_verify
 from pipeline.job.workdir import WorkDir
@@ -53,7 +54,7 @@ from pipeline.job.write import write_split
 
 log = logging.getLogger("gristmill.dedup")
 
-STAGES = ("read", "exact", "sign", "buckets", "verify", "cc", "clusters", "write")
+STAGES = ("read", "exact", "sign", "buckets", "verify", "cc", "clusters", "write", "stats")
 CC_ROWS_PER_PARTITION = 8_000_000  # band rows (documents x bands) per connected-components partition
 # Arrow's mimalloc pool kept ~60 MB per worker of freed pages after each split; purging them at once
 # costs ~6% more CPU in the stages. (Arrow's system pool with glibc's mmap threshold fixed kept ~110 MB
@@ -147,16 +148,17 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     cc = stage("cc", lambda: components.connected_components(work, cc_parts, run_tasks, KEY_BITS))
     stage("clusters", lambda: run_clusters(job, run_tasks))
     written = stage("write", lambda: map_splits(write_split, job, job.split_indices))
+    table = stage("stats", lambda: run_stats(job, sum(r["stats_rows"] for r in written), run_tasks))
 
     totals: dict[str, Any] = {}
     for record in written:
-        merge_counts(totals, record["stats"])
-    stats = final_stats(totals, timings, resumed, {**cc, **edges}, params, config, time.time() - started)
+        merge_counts(totals, record["totals"])
+    stats = final_stats(totals, table, timings, resumed, {**cc, **edges}, params, config, time.time() - started)
     shards = [ShardInfo.from_dict(s) for record in written for s in record["shards"]]
     index_names = [index_file(i, fingerprint) for i in job.split_indices]
     extra = {"signature_index": {"files": index_names, "params": dataclasses.asdict(params)},
-             "rejects": rejects_file(fingerprint), "job": _job_summary(config),
-             JOB_FINGERPRINT_KEY: fingerprint}
+             "rejects": rejects_file(fingerprint), STATS_TABLE_KEY: {"files": table["files"]},
+             "job": _job_summary(config), JOB_FINGERPRINT_KEY: fingerprint}
     _collect_rejects(job, extra["rejects"])
     if config.removed:
         removed_shards = [ShardInfo.from_dict(s) for record in written for s in record["removed_shards"]]

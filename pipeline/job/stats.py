@@ -1,57 +1,145 @@
-"""The job's statistics: counts, bytes and breakdowns per split (summed by the driver), and the final
-statistics a manifest records (documents in = kept + exact + near duplicates + rejected)."""
+"""The job's statistics, summed by tasks: the driver adds up only a few totals.
+
+Per split, the write task (:func:`split_stats`) returns the split's totals (documents by outcome,
+bytes, rejects by kind) and writes a table of every breakdown key with its counts
+(``_work/stats/s=S.parquet``, sorted by a hash of (breakdown, key), in small row groups). Then one
+task per range of that hash (:func:`reduce_stats`; as many ranges as the split tables' rows need)
+reads its range of every split's table, sums each key, writes one file of the statistics table beside
+the corpus (``_stats/``, ``pipeline.format.stats_table``) and returns its range's top keys. The driver
+merges those top keys (at most ``TOP_KEYS`` per range and breakdown) and :func:`final_stats` builds
+what the manifest records: totals, the top keys of each breakdown and how many keys each has. A
+breakdown with 50,000 domains thus never passes through the driver or the manifest.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter, defaultdict
-from collections.abc import Mapping
+import posixpath
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 from pipeline.format import REJECT_KINDS
+from pipeline.format.schemas import STATS_BREAKDOWNS, STATS_SCHEMA
 from pipeline.format.signature_index import IndexParams
+from pipeline.format.sorted_parquet import groups_in_partition, open_counted, range_partition
+from pipeline.format.stats_table import COUNTS, TOP_KEYS, as_breakdown, rank
 from pipeline.job.config import DedupConfig
-from pipeline.job.datasets import REJECTS
-from pipeline.job.tasks import Job
+from pipeline.job.datasets import REJECTS, SPLIT_STATS, STATS_DONE, stats_file
+from pipeline.job.tasks import Job, run_once
+from pipeline.job.workdir import WorkDir
 
 BYTES_PER_TOKEN = 4  # the approximate-token statistic: UTF-8 bytes / 4
+SPLIT_STATS_SCHEMA = STATS_SCHEMA.append(pa.field("hash", pa.uint64()))  # hash: of (breakdown, key)
+STATS_GROUP_ROWS = 4096  # rows per row group of a split's table: a reduce task reads only its range's groups
+STATS_ROWS_PER_TASK = 2_000_000  # split-table rows one reduce task sums
+_SOURCES = (("by_source", "origin"), ("by_domain", "domain"), ("by_language", "language"))
 
 
-def split_stats(job: Job, split_index: int, docs: pa.Table, status: np.ndarray,
-                cluster_size: np.ndarray, lengths: np.ndarray) -> dict[str, Any]:
-    """Counts, bytes and breakdowns of one split (``lengths``: UTF-8 bytes per document); the driver adds them up."""
+def split_stats(job: Job, split_index: int, docs: pa.Table, status: np.ndarray, cluster_size: np.ndarray,
+                lengths: np.ndarray) -> dict[str, Any]:
+    """The split's totals for the driver (``lengths``: UTF-8 bytes per document); its breakdown table
+    goes to ``SPLIT_STATS`` (``stats_rows`` says how many rows, to size the reduce)."""
     from dedup.core import STATUSES
 
     rejects = job.work.read_table(REJECTS.file(split_index))
-    stats: dict[str, Any] = {name: int(np.count_nonzero(status == i)) for i, name in enumerate(STATUSES)}
-    stats["bytes_in"] = int(lengths.sum())
-    stats["bytes_kept"] = int(lengths[status == 0].sum())
-    rejected: Counter[str] = Counter()
-    for kind, count in zip(rejects["kind"].to_pylist(), rejects["count"].to_pylist(), strict=True):
-        rejected[kind] += count
-    stats["rejected"] = {kind: rejected.get(kind, 0) for kind in REJECT_KINDS}
-    stats["rejected_bytes"] = int(pc.sum(rejects["bytes"]).as_py() or 0)
-    breakdowns: dict[str, dict[str, dict[str, int]]] = {}
-    for column in ("origin", "domain", "language"):
-        table: dict[str, dict[str, int]] = defaultdict(lambda: {"input": 0, **{n: 0 for n in STATUSES}, "rejected": 0})
-        for value, st in zip(docs[column].to_pylist(), status.tolist(), strict=True):
-            entry = table[value or "unknown"]
-            entry["input"] += 1
-            entry[STATUSES[st]] += 1
-        breakdowns[column] = dict(table)
-    for origin, count in zip(rejects["origin"].to_pylist(), rejects["count"].to_pylist(), strict=True):
-        entry = breakdowns["origin"].setdefault(origin, {"input": 0, **{n: 0 for n in STATUSES}, "rejected": 0})
-        entry["input"] += count
-        entry["rejected"] += count
-    stats["by"] = breakdowns
-    sizes = cluster_size[status == 0]
-    stats["cluster_sizes"] = {str(k): int(v) for k, v in zip(*np.unique(sizes[sizes > 1], return_counts=True),
-                                                             strict=True)}
-    return stats
+    totals: dict[str, Any] = {name: int(np.count_nonzero(status == i)) for i, name in enumerate(STATUSES)}
+    totals["bytes_in"] = int(lengths.sum())
+    totals["bytes_kept"] = int(lengths[status == 0].sum())
+    kinds = rejects.group_by("kind").aggregate([("count", "sum")]).to_pylist()
+    by_kind = {row["kind"]: int(row["count_sum"]) for row in kinds}
+    totals["rejected"] = {kind: by_kind.get(kind, 0) for kind in REJECT_KINDS}
+    totals["rejected_bytes"] = int(pc.sum(rejects["bytes"]).as_py() or 0)
+    table = _split_table(docs, status, cluster_size, lengths, rejects)
+    with job.work.table_writer(SPLIT_STATS.file(split_index), SPLIT_STATS_SCHEMA) as writer:
+        writer.write_table(table, row_group_size=STATS_GROUP_ROWS)
+    return {"totals": totals, "stats_rows": table.num_rows}
+
+
+def _split_table(docs: pa.Table, status: np.ndarray, cluster_size: np.ndarray, lengths: np.ndarray,
+                 rejects: pa.Table) -> pa.Table:
+    """One row per (breakdown, key) of the split with its counts, sorted by the hash of (breakdown, key)."""
+    n = docs.num_rows
+    zeros = np.zeros(n, np.int64)
+    kept = (status == 0).astype(np.int64)
+    counts = {"input": np.ones(n, np.int64), "kept": kept, "exact_duplicate": (status == 1).astype(np.int64),
+              "near_duplicate": (status == 2).astype(np.int64), "rejected": zeros,
+              "input_bytes": lengths.astype(np.int64), "kept_bytes": lengths * kept, "rejected_bytes": zeros}
+    parts = []
+    for breakdown, column in _SOURCES:
+        values = pc.fill_null(docs[column], "")
+        keys = pc.if_else(pc.equal(values, ""), "unknown", values)
+        parts.append(_rows(breakdown, keys, counts))
+    clustered = cluster_size > 1  # cluster sizes count clusters as ``kept``: one kept document each
+    parts.append(_rows("cluster_sizes", pa.array(cluster_size[clustered].astype(str)),
+                       {name: values[clustered] for name, values in counts.items()}))
+    rejected = rejects["count"].to_numpy()
+    none = np.zeros(len(rejected), np.int64)
+    parts.append(_rows("by_source", rejects["origin"], {
+        "input": rejected, "kept": none, "exact_duplicate": none, "near_duplicate": none, "rejected": rejected,
+        "input_bytes": none, "kept_bytes": none, "rejected_bytes": rejects["bytes"].to_numpy()}))
+    table = _summed(parts)
+    hashes = [xxhash.xxh3_64_intdigest(f"{b}\0{k}".encode()) for b, k in zip(
+        table["breakdown"].to_pylist(), table["key"].to_pylist(), strict=True)]
+    table = table.append_column("hash", pa.array(hashes, pa.uint64()))
+    return table.sort_by([("hash", "ascending"), ("breakdown", "ascending"), ("key", "ascending")])
+
+
+def _rows(breakdown: str, keys: pa.Array | pa.ChunkedArray, counts: Mapping[str, np.ndarray]) -> pa.Table:
+    columns = {"breakdown": pa.array(np.full(len(keys), breakdown, object), pa.string()), "key": keys}
+    return pa.table({**columns, **{name: pa.array(counts[name], pa.int64()) for name in COUNTS}}, schema=STATS_SCHEMA)
+
+
+def _summed(parts: list[pa.Table]) -> pa.Table:
+    """Rows with the same (breakdown, key) added up."""
+    table = pa.concat_tables(parts) if parts else STATS_SCHEMA.empty_table()
+    summed = table.group_by(["breakdown", "key"], use_threads=False).aggregate([(name, "sum") for name in COUNTS])
+    return summed.rename_columns([name.removesuffix("_sum") for name in summed.column_names]).select(
+        STATS_SCHEMA.names).cast(STATS_SCHEMA)
+
+
+def reduce_stats(job: Job, part: int, parts: int) -> dict[str, Any]:
+    """One range of key hashes, once: its rows of every split's table summed into ``stats_file(part)``
+    beside the corpus; returns the file, the keys per breakdown and the range's top keys."""
+
+    def compute() -> dict[str, Any]:
+        pieces = []
+        for split in job.split_indices:
+            url = posixpath.join(job.work.url, SPLIT_STATS.file(split))
+            with open_counted(url, job.config.storage_options) as (parquet, _):
+                groups = groups_in_partition(parquet.metadata, "hash", part, parts)
+                if groups:
+                    rows = parquet.read_row_groups(groups, columns=STATS_SCHEMA.names + ["hash"])
+                    mine = range_partition(rows["hash"].to_numpy(), parts) == part
+                    pieces.append(rows.filter(pa.array(mine)).select(STATS_SCHEMA.names))
+        table = _summed(pieces).sort_by([("breakdown", "ascending"), ("key", "ascending")])
+        name = stats_file(job.fingerprint, part)
+        WorkDir(job.config.output, job.config.storage_options).write_table(name, table)
+        keys = {b: 0 for b in STATS_BREAKDOWNS}
+        top: dict[str, list[dict[str, Any]]] = {}
+        for breakdown in STATS_BREAKDOWNS:
+            rows = table.filter(pc.equal(table["breakdown"], breakdown)).to_pylist()
+            keys[breakdown] = len(rows)
+            top[breakdown] = rank(breakdown, rows)[:TOP_KEYS]
+        return {"file": name, "keys": keys, "top": top}
+
+    return run_once(job.work, STATS_DONE.partition(part), compute)
+
+
+def run_stats(job: Job, split_rows: int, run_tasks: Callable[..., list[Any]]) -> dict[str, Any]:
+    """The stage: one reduce task per ``STATS_ROWS_PER_TASK`` rows of split tables; the table's files,
+    the keys of each breakdown and its top keys."""
+    parts = max(1, -(-split_rows // STATS_ROWS_PER_TASK))
+    records = run_tasks(reduce_stats, [(job, part, parts) for part in range(parts)])
+    return {
+        "files": [r["file"] for r in records],
+        "keys": {b: sum(r["keys"][b] for r in records) for b in STATS_BREAKDOWNS},
+        "top": {b: rank(b, [row for r in records for row in r["top"][b]])[:TOP_KEYS] for b in STATS_BREAKDOWNS},
+    }
 
 
 def merge_counts(total: dict[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
@@ -64,9 +152,10 @@ def merge_counts(total: dict[str, Any], part: Mapping[str, Any]) -> dict[str, An
     return total
 
 
-def final_stats(totals: dict[str, Any], timings: Mapping[str, float], resumed: list[str], cc: Mapping[str, Any],
-                params: IndexParams, config: DedupConfig, wall: float) -> dict[str, Any]:
-    """The statistics a manifest records, from the summed split statistics and the run's own figures."""
+def final_stats(totals: dict[str, Any], table: Mapping[str, Any], timings: Mapping[str, float], resumed: list[str],
+                cc: Mapping[str, Any], params: IndexParams, config: DedupConfig, wall: float) -> dict[str, Any]:
+    """The statistics a manifest records: the summed split totals, each breakdown's top keys and key
+    count from the statistics ``table`` (:func:`run_stats`), and the run's own figures."""
     rejected = dict(totals.get("rejected", {}))
     documents = {
         "input": totals.get("kept", 0) + totals.get("exact_duplicate", 0) + totals.get("near_duplicate", 0)
@@ -83,10 +172,8 @@ def final_stats(totals: dict[str, Any], timings: Mapping[str, float], resumed: l
                   "rejected_records": totals.get("rejected_bytes", 0)},
         "approx_tokens": {"input_documents": totals.get("bytes_in", 0) // BYTES_PER_TOKEN,
                           "kept": totals.get("bytes_kept", 0) // BYTES_PER_TOKEN},
-        "by_source": totals.get("by", {}).get("origin", {}),
-        "by_domain": totals.get("by", {}).get("domain", {}),
-        "by_language": totals.get("by", {}).get("language", {}),
-        "cluster_sizes": dict(sorted(totals.get("cluster_sizes", {}).items(), key=lambda kv: int(kv[0]))),
+        **{b: as_breakdown(b, table["top"][b]) for b in STATS_BREAKDOWNS},
+        "breakdown_keys": dict(table["keys"]),
         "components": dict(cc),
         "stage_seconds": dict(timings),
         "resumed_stages": resumed,

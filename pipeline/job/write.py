@@ -1,5 +1,6 @@
 """Stage ``write``, per split: kept rows into corpus shards (and removed rows into ``--removed``), the
-split's signature index file and its statistics; the driver publishes them in the manifest."""
+split's signature index file, its totals and its statistics table (``pipeline.job.stats``); the
+driver publishes them in the manifest."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from pipeline.job.workdir import WorkDir
 
 
 def write_split(job: Job, split_index: int) -> dict[str, Any]:
-    """One split's output, once: its shards, removed shards and statistics, for the driver to publish."""
+    """One split's output, once: its shards, removed shards, totals and the size of its statistics table."""
     return run_once(job.work, WRITE_DONE.split(split_index), lambda: _write_split_now(job, split_index))
 
 
@@ -118,7 +119,7 @@ def _write_split_now(job: Job, split_index: int) -> dict[str, Any]:
     removed_shards = [s.to_dict() for s in removed_writer.close()] if removed_writer is not None else []
     _write_index(job, split_index, keys[kept_mask])
     return {"shards": shards, "removed_shards": removed_shards,
-            "stats": split_stats(job, split_index, docs, status, cluster_size, text_bytes)}
+            **split_stats(job, split_index, docs, status, cluster_size, text_bytes)}
 
 
 def _positions(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.report.stats_text import human_bytes
+from pipeline.report.stats_text import human_bytes, key_count
 
 OUTCOMES = ("kept", "exact_duplicate", "near_duplicate", "rejected")
 LABELS = {"kept": "kept", "exact_duplicate": "exact duplicate", "near_duplicate": "near duplicate",
@@ -253,7 +253,7 @@ def stage_chart(stage_seconds: Mapping[str, float]) -> str:
 
 
 # -- tables and page -----------------------------------------------------------------------------
-def _breakdown_table(breakdown: Mapping[str, Mapping[str, int]], first: str, top: int) -> str:
+def _breakdown_table(breakdown: Mapping[str, Mapping[str, int]], first: str, top: int, keys: int) -> str:
     rows = sorted(breakdown.items(), key=lambda kv: (-kv[1].get("input", 0), kv[0]))
     head = "".join(f"<th>{_e(LABELS[o])}</th>" for o in OUTCOMES)
     body = []
@@ -263,7 +263,8 @@ def _breakdown_table(breakdown: Mapping[str, Mapping[str, int]], first: str, top
         body.append(f"<tr><td>{_e(name)}</td><td>{total:,}</td>"
                     + "".join(f"<td>{counts.get(o, 0):,}</td>" for o in OUTCOMES)
                     + f"<td>{_pct(dup, total)}</td></tr>")
-    more = f'<p class="note">... and {len(rows) - top} more</p>' if len(rows) > top else ""
+    shown = min(top, len(rows))
+    more = f'<p class="note">... and {keys - shown:,} more</p>' if keys > shown else ""
     return (f"<table><tr><th>{_e(first)}</th><th>in</th>{head}<th>dup rate</th></tr>{''.join(body)}</table>{more}")
 
 
@@ -340,12 +341,13 @@ def render_html(stats: Mapping[str, Any], *, similarities: Sequence[float] | Non
         breakdown = stats.get(key) or {}
         if not breakdown:
             continue
+        keys = key_count(stats, key)
         sections.append(
             f"<section><h2>Duplicate rate by {name}</h2><div class='row'>"
             + _figure(chart_id, rate_chart(breakdown, f"duplicate rate by {name}", top),
                       f"Share of each {name}'s documents kept and removed (the {min(top, len(breakdown))} largest of "
-                      f"{len(breakdown):,}).", OUTCOMES)
-            + _breakdown_table(breakdown, name, top) + "</div></section>")
+                      f"{keys:,}).", OUTCOMES)
+            + _breakdown_table(breakdown, name, top, keys) + "</div></section>")
     seconds = stats.get("stage_seconds") or {}
     if seconds:
         resumed = stats.get("resumed_stages") or []
@@ -364,16 +366,19 @@ def render_html(stats: Mapping[str, Any], *, similarities: Sequence[float] | Non
 
 
 def write_report(corpus_url: str, path: str, removed_url: str | None = None, top: int = TOP) -> str:
-    """Render the report of the corpus at ``corpus_url`` into the local file ``path``; returns ``path``.
+    """Render the report of the corpus at ``corpus_url`` (every breakdown key, from its statistics
+    table) into the local file ``path``; returns ``path``.
 
     The similarity chart needs the removed documents (``--removed`` of the dedup job); without them
     the report has every other chart and says where the similarity chart went.
     """
     from pipeline.format import Corpus, CorpusError
+    from pipeline.format.stats_table import full_stats
     from pipeline.report.duplicates import open_removed, removed_similarities
 
     corpus = Corpus.open(corpus_url)
-    if not corpus.stats:
+    stats = full_stats(corpus)
+    if not stats:
         raise CorpusError(f"{corpus_url}: the manifest holds no statistics (not written by gristmill dedup)")
     similarities: list[float] | None = None
     kinds: list[str] | None = None
@@ -384,7 +389,7 @@ def write_report(corpus_url: str, path: str, removed_url: str | None = None, top
         if removed_url is not None:
             raise
         subtitle += f" · no similarity chart: {exc}"
-    page = render_html(corpus.stats, similarities=similarities, removed_as=kinds, subtitle=subtitle, top=top)
+    page = render_html(stats, similarities=similarities, removed_as=kinds, subtitle=subtitle, top=top)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(page)
     return path

@@ -20,8 +20,13 @@ def human_bytes(count: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _table(title: str, rows: Mapping[str, Mapping[str, int]]) -> list[str]:
-    """One breakdown (by source, domain or language), its ``TOP`` largest rows."""
+def key_count(stats: Mapping[str, Any], breakdown: str) -> int:
+    """How many keys a breakdown has: the manifest keeps only the top ones and says how many there are."""
+    return int((stats.get("breakdown_keys") or {}).get(breakdown, len(stats.get(breakdown) or {})))
+
+
+def _table(title: str, rows: Mapping[str, Mapping[str, int]], keys: int) -> list[str]:
+    """One breakdown (by source, domain or language) of ``keys`` keys, its ``TOP`` largest rows."""
     if not rows:
         return []
     ordered = sorted(rows.items(), key=lambda kv: (-kv[1].get("input", 0), kv[0]))
@@ -30,8 +35,9 @@ def _table(title: str, rows: Mapping[str, Mapping[str, int]]) -> list[str]:
         lines.append(f"  {name[:38]:<38} {row.get('input', 0):>10,} {row.get('kept', 0):>10,} "
                      f"{row.get('exact_duplicate', 0):>10,} {row.get('near_duplicate', 0):>10,} "
                      f"{row.get('rejected', 0):>10,}")
-    if len(ordered) > TOP:
-        lines.append(f"  ... and {len(ordered) - TOP} more")
+    shown = min(TOP, len(ordered))
+    if keys > shown:
+        lines.append(f"  ... and {keys - shown:,} more")
     return lines
 
 
@@ -52,9 +58,10 @@ def render(stats: Mapping[str, Any]) -> str:
     sizes = stats.get("cluster_sizes", {})
     if sizes:
         lines.append("clusters   size:count " + " ".join(f"{k}:{v}" for k, v in sizes.items()))
-    lines += _table("by source", stats.get("by_source", {}))
-    lines += _table("by domain", stats.get("by_domain", {}))
-    lines += _table("by language", stats.get("by_language", {}))
+    for breakdown in ("by_source", "by_domain", "by_language"):
+        lines += _table(breakdown.replace("_", " "), stats.get(breakdown, {}), key_count(stats, breakdown))
+    if "splits" in stats:
+        lines.append(f"splits     {stats['splits']:,} (read tasks)")
     seconds = stats.get("stage_seconds", {})
     if seconds:
         lines.append("stages     " + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items())
