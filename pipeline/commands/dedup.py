@@ -15,8 +15,8 @@ HELP = "Deduplicate Parquet/JSONL/WARC documents (exact + MinHash) into a sharde
 
 # Command-line options that map one to one onto DedupConfig fields.
 _OPTIONS = ("threshold", "num_perm", "ngram", "bands", "rows", "seed", "text_column", "id_column",
-            "max_doc_bytes", "split_bytes", "num_partitions", "removed", "against", "shard_bytes",
-            "row_group_bytes")
+            "max_doc_bytes", "split_bytes", "num_partitions", "cc_rows_per_task", "removed", "against",
+            "shard_bytes", "row_group_bytes")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-doc-bytes", type=int, help="reject documents larger than this (default 10 MiB)")
     parser.add_argument("--split-bytes", type=int, help="input bytes per parallel split (default 64 MiB)")
     parser.add_argument("--num-partitions", type=int, help="hash partitions per shuffle (default: one per 256 MiB of input, 2 to 64)")
+    parser.add_argument("--cc-rows-per-task", type=int,
+                        help="rows a connected-components task reads, about 170 bytes each (default 4 million)")
     parser.add_argument("--removed", metavar="CORPUS2", help="also write the removed documents here")
     parser.add_argument("--against", metavar="CORPUS", help="dedup against an earlier corpus's signature index")
     parser.add_argument("--shard-bytes", type=int, help="target shard size (default 256 MiB)")

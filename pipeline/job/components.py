@@ -1,146 +1,298 @@
-"""Distributed connected components: alternating large-star / small-star over hash-partitioned edges.
+"""Stage ``cc``: connected components of the linked documents as rounds of Ray tasks, no task holding
+more than about a budget of rows (``cc_rows_per_task``) however large a component or hot a node.
 
-Kiveris et al., "Connected Components in MapReduce and Beyond" (SoCC 2014): each round is one
-shuffle; after O(log^2 n) rounds every component is a star around its smallest key, so a node's
-label is the smallest key of its component, the same label ``dedup.connected_components`` gives.
-No process ever holds more than one partition of the edges. Each round reads
-``cc/rNNN/p=*/`` and writes ``cc/rNNN+1/p=*/`` (:func:`pipeline.job.datasets.cc_edges`), with a
-completion record per partition, so a rerun resumes at the first unfinished round.
+The algorithm is :mod:`dedup.components` (its docstring has the reasoning); this module runs it as
+:func:`dedup.simulate.simulate_components` does in memory, with the work folder between rounds:
+
+- The producers of the edges (``buckets`` without verification, ``verify`` with) contract their own
+  edges by union-find (:func:`seed_edges`) and send round 1's rows, so a hot bucket arrives as a
+  star spread by leaf.
+- Round ``t`` runs two kinds of task at once. A *contract* task reduces its share of the round's rows
+  (``cc/rTTT/work``) and sends the next round's; the fates it decides go, by node, to the *resolve*
+  tasks of round ``t + 1`` (``cc/rTTT/resolve``), a round behind, which answer what became of the
+  nodes that moved nodes point at and forward what must wait. A node done writes its label to its
+  split at once (``labels``). A resolve task cuts the moves it received into files of moves (the
+  simulator's one file per task, cut to a share of the budget); each file asks once for each node
+  its moves point at, and its moves and the replies to them go, by the file's slot, to ``cc/settle``.
+- The round whose rows fit one task finishes every component it holds; its labels, in
+  ``cc/final.parquet``, answer whatever is still pending. Then *settle* tasks, one per group of slots
+  holding about a budget of moves and replies, follow every moved node to its label.
+
+**Task counts follow rows.** A round runs ``ceil(rows / cc_rows_per_task)`` tasks, a number known
+only once the round before has run. So senders cut their rows into fine hash ranges, ``FINE`` for
+every task that could read them (rows never grow from round to round, so the round before bounds
+them), and a task reads a contiguous group of ranges. Measured on the simulator, fixing a round's
+count from its senders' input instead costs two more rounds on a 10^6-node chain.
+
+Each task writes a completion record holding its summary (rows read and sent, fates decided): all
+the driver needs to size the next round, so a rerun replays the records and resumes at the first
+unfinished task. Labels are the smallest key of each component, as ``dedup.connected_components``
+gives them, whatever the task counts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from pipeline.job.datasets import LABELS, LABELS_DONE, Shuffled, cc_done, cc_edges, edges_from
-from pipeline.job.workdir import WorkDir, partition_of
+from dedup import components as algo
+from pipeline.job.datasets import (
+    CC_FINAL,
+    CC_SETTLE,
+    CC_SETTLE_DONE,
+    LABELS,
+    Shuffled,
+    cc_done,
+    cc_resolve,
+    cc_work,
+)
+from pipeline.job.tasks import Job, route_by_split, run_once
 
-EDGE_SCHEMA = pa.schema([pa.field("u", pa.int64()), pa.field("v", pa.int64())])
+FINE = 2  # hash ranges a round's rows are cut into per task that may read them
+# A resolve task cuts its moves into files of at most budget / FILE_SHARE moves (and at most FILES
+# files): a settle task reads a file's moves with the replies to them, about 2.4 replies a move on a
+# shuffled chain (measured), so files this size pack into settle tasks near their budget.
+FILE_SHARE = 4
+FILES = 64
+_NOBODY = -1  # the requester resolve is told this task is; its own targets are asked per file instead
+WORK_SCHEMA = pa.schema([  # an edge (node = its upper end) or a note (edge false), by node
+    ("node", pa.uint64()), ("lower", pa.uint64()), ("floor", pa.int64()), ("larger", pa.int64()),
+    ("edge", pa.bool_()),
+])
+RESOLVE_SCHEMA = pa.schema([("node", pa.uint64()), ("value", pa.int64()), ("kind", pa.int8())])
+MOVED, DONE, REQUEST = 0, 1, 2  # kinds of resolve rows; value: the node moved to, the label, the requester
+SETTLE_SCHEMA = pa.schema([  # a resolve task's own moves (own) and the replies to them, by slot
+    ("requester", pa.int64()), ("node", pa.uint64()), ("to", pa.uint64()), ("label", pa.int64()),
+    ("done", pa.bool_()), ("own", pa.bool_()),
+])
+FINAL_SCHEMA = pa.schema([("node", pa.uint64()), ("label", pa.int64())])
 LABEL_SCHEMA = pa.schema([pa.field("key", pa.int64()), pa.field("label", pa.int64())])
-_MIX = np.uint64(0xBF58476D1CE4E5B9)
 
 
-def round_op(round_index: int) -> str:
-    """Even rounds are large-star, odd rounds small-star."""
-    return "large" if round_index % 2 == 0 else "small"
+@dataclass(frozen=True)
+class Round:
+    """What every task of one round needs to know: where its input is cut and how to cut its output."""
+
+    number: int
+    work_fine: int  # hash ranges of this round's work rows
+    resolve_fine: int  # hash ranges of this round's resolve rows
+    next_work_fine: int
+    next_resolve_fine: int
+    slots: int  # destinations of cc/settle
+    finish: bool  # one contract task: it holds whole components and ends them all
 
 
-def _group_min(u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For rows sorted by u: the distinct u, min(u, min of its v), and each row's index into them."""
-    starts = np.flatnonzero(np.concatenate([[True], u[1:] != u[:-1]]))
-    nodes = u[starts]
-    minima = np.minimum(np.minimum.reduceat(v, starts), nodes)
-    row_group = np.repeat(np.arange(len(starts)), np.diff(np.concatenate([starts, [len(u)]])))
-    return nodes, minima, row_group
+def tasks_for(rows: int, budget: int) -> int:
+    """Tasks for ``rows`` at ``budget`` rows a task (at least one)."""
+    return max(1, -(-rows // budget))
 
 
-def star_step(u: np.ndarray, v: np.ndarray, op: str) -> tuple[np.ndarray, np.ndarray]:
-    """One large-star or small-star reduce over rows ``v in N(u)`` (sorted by u); returns new edges."""
-    if len(u) == 0:
-        return u, v
-    nodes, minima, row_group = _group_min(u, v)
-    m = minima[row_group]
-    if op == "large":
-        keep = v > u
-        return v[keep], m[keep]
-    # small-star: rows are oriented larger -> smaller; link u and every smaller neighbour to the minimum
-    a = np.concatenate([v, nodes])
-    b = np.concatenate([m, minima])
-    keep = a != b
-    return a[keep], b[keep]
+def first_fine(edges: int, budget: int) -> int:
+    """Hash ranges of round 1, from a bound on its edges: a producer sends at most two rows an edge."""
+    return FINE * tasks_for(2 * edges, budget)
 
 
-def orient(a: np.ndarray, b: np.ndarray, op: str) -> tuple[np.ndarray, np.ndarray]:
-    """Rows for the next reduce: both directions for large-star, larger -> smaller for small-star."""
-    if op == "large":
-        return np.concatenate([a, b]), np.concatenate([b, a])
-    return np.maximum(a, b), np.minimum(a, b)
+def group(index: int, count: int, fine: int) -> range:
+    """The hash ranges task ``index`` of ``count`` reads out of ``fine``: a contiguous share."""
+    return range(-(-index * fine // count), -(-(index + 1) * fine // count))
 
 
-def fingerprint(u: np.ndarray, v: np.ndarray, op: str) -> tuple[int, int]:
-    """(count, order-free hash) of the undirected edge set a partition holds, each edge counted once."""
-    if op == "large":
-        once = u < v
-        lo, hi = u[once], v[once]
-    else:
-        lo, hi = v, u
-    mixed = (lo.astype(np.uint64) * _MIX) ^ (hi.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
-    mixed = (mixed ^ (mixed >> np.uint64(31))) * _MIX
-    return len(lo), int(np.sum(mixed, dtype=np.uint64))
+def _ranges(nodes: np.ndarray, fine: int) -> np.ndarray:
+    """The hash range (of ``fine``) of the route of each node (``dedup.components.route``)."""
+    return algo.partition_of(algo.route(nodes), fine)
 
 
-def load_sorted(work: WorkDir, folder: str) -> tuple[np.ndarray, np.ndarray]:
-    """A partition's rows, deduplicated and sorted by (u, v)."""
-    table = work.read_folder(folder, EDGE_SCHEMA)
-    if table.num_rows == 0:
-        empty = np.empty(0, dtype=np.int64)
-        return empty, empty
-    pairs = np.unique(np.stack([table["u"].to_numpy(), table["v"].to_numpy()], axis=1), axis=0)
-    return pairs[:, 0].copy(), pairs[:, 1].copy()
+def _send(job: Job, dataset: Shuffled, name: str, table: pa.Table, fine: int) -> None:
+    """Rows (node first) to the hash ranges of their nodes."""
+    job.work.write_partitioned(dataset, name, table, _ranges(table["node"].to_numpy(), fine), fine)
 
 
-def write_edges(work: WorkDir, edges: Shuffled, name: str, a: np.ndarray, b: np.ndarray, op: str,
-                num_partitions: int) -> None:
-    """Orient new edges for the reduce ``op`` and shuffle them by their key node into a round's ``edges``."""
-    u, v = orient(a, b, op)
-    table = pa.table({"u": pa.array(u, pa.int64()), "v": pa.array(v, pa.int64())})
-    work.write_partitioned(edges, name, table, partition_of(u, num_partitions), num_partitions)
+def _read(job: Job, dataset: Shuffled, ranges: range, schema: pa.Schema) -> pa.Table:
+    tables = [table for part in ranges for table in job.work.partition_tables(dataset, part)]
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
-def cc_round(work: WorkDir, round_index: int, part: int, num_partitions: int) -> dict[str, int]:
-    """One reduce task of one round; records the input edge set's fingerprint."""
-    marker = cc_done(round_index).partition(part)
-    done = work.read_json(marker)
-    if done is not None:
-        return done
-    op = round_op(round_index)
-    u, v = load_sorted(work, cc_edges(round_index).partition(part))
-    count, digest = fingerprint(u, v, op)
-    a, b = star_step(u, v, op)
-    write_edges(work, cc_edges(round_index + 1), edges_from(part), a, b, round_op(round_index + 1),
-                num_partitions)
-    record = {"edges": count, "digest": digest}
-    work.write_json(marker, record)
-    return record
+def _work_table(work: algo.Work) -> pa.Table:
+    edges, notes = work.upper.size, work.node.size
+    return pa.table({
+        "node": np.concatenate([work.upper, work.node]),
+        "lower": np.concatenate([work.lower, np.zeros(notes, np.uint64)]),
+        "floor": np.concatenate([work.floor, work.node_floor]),
+        "larger": np.concatenate([np.zeros(edges, np.int64), work.larger]),
+        "edge": np.concatenate([np.ones(edges, bool), np.zeros(notes, bool)]),
+    }, schema=WORK_SCHEMA)
 
 
-def cc_labels(work: WorkDir, round_index: int, part: int, num_partitions: int, key_bits: int) -> int:
-    """From a converged, large-star-oriented edge set: each node's label, shuffled to its split."""
-    assert round_op(round_index) == "large"
-    marker = LABELS_DONE.partition(part)
-    done = work.read_json(marker)
-    if done is not None:
-        return int(done["nodes"])
-    u, v = load_sorted(work, cc_edges(round_index).partition(part))
-    nodes, minima, _ = _group_min(u, v) if len(u) else (u, v, u)
-    table = pa.table({"key": pa.array(nodes, pa.int64()), "label": pa.array(minima, pa.int64())})
-    splits = (nodes >> key_bits) if len(nodes) else nodes
-    for split in np.unique(splits):
-        chosen = splits == split
-        work.write_table(LABELS.file(int(split), part), table.filter(pa.array(chosen)))
-    work.write_json(marker, {"nodes": len(nodes)})
-    return len(nodes)
+def _work_of(table: pa.Table) -> algo.Work:
+    node, lower, floor, larger, edge = (table[name].to_numpy() for name in WORK_SCHEMA.names)
+    return algo.Work(node[edge], lower[edge], floor[edge], node[~edge], floor[~edge], larger[~edge])
 
 
-def connected_components(work: WorkDir, num_partitions: int, run_tasks: Callable[..., list[Any]],
-                         key_bits: int) -> dict[str, int]:
-    """Rounds until two consecutive ops leave the edge set unchanged, then labels per split.
+def _write_labels(job: Job, writer: int, nodes: np.ndarray, labels: np.ndarray) -> None:
+    table = pa.table({"key": algo.node_keys(nodes), "label": labels}, schema=LABEL_SCHEMA)
+    route_by_split(job, LABELS, writer, table)
 
-    ``cc_edges(0)`` must hold the candidate edges (written with :func:`write_edges` for round 0);
-    ``run_tasks(function, argument_tuples)`` runs one task per tuple (Ray tasks in the job).
+
+def seed_edges(job: Job, name: str, left: np.ndarray, right: np.ndarray, fine: int) -> int:
+    """A producer's edges (int64 keys) contracted by union-find (``dedup.components.seed``) into round
+    1's rows, sent as ``name`` to ``fine`` hash ranges (:func:`first_fine`); returns how many rows."""
+    table = _work_table(algo.seed(np.asarray(left, np.int64), np.asarray(right, np.int64)))
+    _send(job, cc_work(1), name, table, fine)
+    return table.num_rows
+
+
+def _files(moves: int, budget: int) -> list[int]:
+    """How many of a resolve task's ``moves`` each of its files of moves holds (at most FILES of them)."""
+    size = max(1, budget // FILE_SHARE, -(-moves // FILES))
+    return [min(size, moves - start) for start in range(0, moves, size)]
+
+
+def _requester(file: np.ndarray | int, slots: int) -> np.ndarray | int:
+    """A file of moves as requester: its slot (where its moves and the replies to them go) and number."""
+    return (file % slots) << 32 | file
+
+
+def _contract(job: Job, rnd: Round, index: int, count: int, seq: int) -> dict[str, int]:
+    def compute() -> dict[str, int]:
+        work = _work_of(_read(job, cc_work(rnd.number), group(index, count, rnd.work_fine), WORK_SCHEMA))
+        sent, fates = algo.contract(work, finish=rnd.finish)
+        _write_labels(job, seq, fates.done, fates.label)
+        if rnd.finish:
+            job.work.write_table(CC_FINAL, pa.table({"node": fates.done, "label": fates.label}, schema=FINAL_SCHEMA))
+        else:
+            name = f"c{index:05d}"
+            _send(job, cc_work(rnd.number + 1), name, _work_table(sent), rnd.next_work_fine)
+            table = pa.table({
+                "node": np.concatenate([fates.moved, fates.done]),
+                "value": np.concatenate([fates.to.view(np.int64), fates.label]),
+                "kind": np.repeat(np.array([MOVED, DONE], np.int8), [fates.moved.size, fates.done.size]),
+            }, schema=RESOLVE_SCHEMA)
+            _send(job, cc_resolve(rnd.number + 1), name, table, rnd.next_resolve_fine)
+        return {"rows": work.rows, "sent": sent.rows, "moved": int(fates.moved.size), "done": int(fates.done.size)}
+
+    return run_once(job.work, cc_done(rnd.number, "contract").partition(index), compute)
+
+
+def _resolve(job: Job, rnd: Round, index: int, count: int, seq: int) -> dict[str, int]:
+    def compute() -> dict[str, int]:
+        table = _read(job, cc_resolve(rnd.number), group(index, count, rnd.resolve_fine), RESOLVE_SCHEMA)
+        node, value, kind = (table[name].to_numpy() for name in RESOLVE_SCHEMA.names)
+        moved, done, asked = kind == MOVED, kind == DONE, kind == REQUEST
+        fates = algo.Fates(node[moved], value[moved].view(np.uint64), node[done], value[done])
+        replies, forward = algo.resolve(fates, algo.Requests(node[asked], value[asked]), _NOBODY)
+        # this task's moves in files of at most a share of the budget, in target order so that moves to
+        # one node share a file; each file asks once for each of its targets (resolve asked as _NOBODY)
+        by_target = np.argsort(fates.to, kind="stable")
+        moves, to = fates.moved[by_target], fates.to[by_target]
+        sizes = _files(moves.size, job.config.cc_rows_per_task)
+        file = seq * FILES + np.repeat(np.arange(len(sizes)), sizes)
+        requester = np.asarray(_requester(file, rnd.slots), np.int64)
+        asks = np.ones(moves.size, bool)
+        asks[1:] = (to[1:] != to[:-1]) | (file[1:] != file[:-1])  # both ascend: repeats are adjacent
+        waiting = forward.requester != _NOBODY
+        ask_node = np.concatenate([forward.node[waiting], to[asks]])
+        ask_by = np.concatenate([forward.requester[waiting], requester[asks]])
+        settle = pa.table({
+            "requester": np.concatenate([requester, replies.requester]),
+            "node": np.concatenate([moves, replies.node]), "to": np.concatenate([to, replies.to]),
+            "label": np.concatenate([np.zeros(moves.size, np.int64), replies.label]),
+            "done": np.concatenate([np.zeros(moves.size, bool), replies.done]),
+            "own": np.concatenate([np.ones(moves.size, bool), np.zeros(replies.node.size, bool)]),
+        }, schema=SETTLE_SCHEMA)
+        job.work.write_partitioned(CC_SETTLE, f"r{rnd.number:03d}-q{index:05d}", settle,
+                                   settle["requester"].to_numpy() >> 32, rnd.slots)
+        requests = pa.table({"node": ask_node, "value": ask_by, "kind": np.full(ask_node.size, REQUEST, np.int8)},
+                            schema=RESOLVE_SCHEMA)
+        _send(job, cc_resolve(rnd.number + 1), f"q{index:05d}", requests, rnd.next_resolve_fine)
+        return {"rows": table.num_rows, "requests": int(ask_node.size), "moves": int(moves.size),
+                "replies": int(replies.node.size)}
+
+    return run_once(job.work, cc_done(rnd.number, "resolve").partition(index), compute)
+
+
+def round_task(job: Job, rnd: Round, kind: str, index: int, count: int, seq: int) -> dict[str, int]:
+    """One task of a round (``kind`` contract or resolve), once; ``seq`` numbers it within the stage."""
+    return (_contract if kind == "contract" else _resolve)(job, rnd, index, count, seq)
+
+
+def settle_task(job: Job, slots: range, final: bool, seq: int) -> dict[str, int]:
+    """Labels of the moved nodes whose moves went to ``slots``, from the replies to them and, when a round
+    finished everything left (``final``), that round's labels."""
+
+    def compute() -> dict[str, int]:
+        table = _read(job, CC_SETTLE, slots, SETTLE_SCHEMA)
+        requester, node, to, label, done, own = (table[name].to_numpy() for name in SETTLE_SCHEMA.names)
+        replies = [algo.Replies(requester[~own], node[~own], to[~own], label[~own], done[~own])]
+        last = job.work.read_table(CC_FINAL) if final else FINAL_SCHEMA.empty_table()
+        nowhere = np.zeros(0, np.uint64)
+        replies.append(algo.final_replies(algo.Fates(nowhere, nowhere, last["node"].to_numpy(),
+                                                     last["label"].to_numpy())))
+        labels = algo.settle(node[own], to[own], replies) if own.any() else np.zeros(0, np.int64)
+        _write_labels(job, seq, node[own], labels)
+        return {"rows": table.num_rows + last.num_rows, "moves": int(own.sum())}
+
+    return run_once(job.work, CC_SETTLE_DONE.partition(seq), compute)
+
+
+def _slot_groups(loads: np.ndarray, moves: int) -> list[range]:
+    """Consecutive slots in groups of about ``moves`` moves (a group passes it by at most one slot)."""
+    groups, start, total = [], 0, 0
+    for slot, load in enumerate(loads.tolist()):
+        if total and total + load > moves:
+            groups.append(range(start, slot))
+            start, total = slot, 0
+        total += load
+    if total:
+        groups.append(range(start, loads.size))
+    return groups
+
+
+def connected_components(job: Job, seeded: int, edges: int, fine: int,
+                         run_tasks: Callable[..., list[Any]]) -> dict[str, Any]:
+    """The stage, driven by the tasks' summaries: rounds until no row is left, then settle.
+
+    The producers seeded ``edges`` edges into ``seeded`` rows of round 1, cut into ``fine`` hash
+    ranges. ``run_tasks(function, argument_tuples)`` runs one task per tuple (Ray tasks in the job).
+    Returns the ``components`` statistics, with the most rows a task read in each round (``largest``).
     """
-    history: list[tuple[int, int]] = []
-    round_index = 0
-    while True:
-        records = run_tasks(cc_round, [(work, round_index, p, num_partitions) for p in range(num_partitions)])
-        history.append((sum(r["edges"] for r in records), sum(r["digest"] for r in records) % (1 << 64)))
-        if len(history) >= 3 and history[-1] == history[-2] == history[-3]:
-            break
-        round_index += 1
-    final = round_index if round_op(round_index) == "large" else round_index - 1
-    nodes = run_tasks(cc_labels, [(work, final, p, num_partitions, key_bits) for p in range(num_partitions)])
-    return {"rounds": round_index + 1, "edges": history[0][0], "nodes": sum(nodes), "partitions": num_partitions}
+    budget = job.config.cc_rows_per_task
+    slots = FILE_SHARE * tasks_for(seeded, budget)  # moves are at most the nodes, at most round 1's rows
+    loads = np.zeros(slots, np.int64)  # moves per slot
+    work_rows, work_fine, resolve_rows, resolve_fine = seeded, fine, 0, 1
+    number, seq, nodes, first, finished, resolving, replies, final_rows = 1, 0, 0, 0, False, False, 0, 0
+    largest: list[int] = []
+    while work_rows or resolving:
+        contracts = min(tasks_for(work_rows, budget), work_fine) if work_rows else 0
+        resolves = min(tasks_for(resolve_rows, budget), resolve_fine) if resolving else 0
+        rnd = Round(number, work_fine, resolve_fine, FINE * contracts, FINE * (contracts + resolves), slots,
+                    contracts == 1)
+        records = run_tasks(round_task, [(job, rnd, "contract", i, contracts, seq + i) for i in range(contracts)]
+                            + [(job, rnd, "resolve", i, resolves, seq + contracts + i) for i in range(resolves)])
+        contracted, resolved = records[:contracts], records[contracts:]
+        for i, record in enumerate(resolved):
+            for sub, size in enumerate(_files(record["moves"], budget)):
+                loads[_requester((seq + contracts + i) * FILES + sub, slots) >> 32] += size
+        seq += contracts + resolves
+        largest.append(max(r["rows"] for r in records))
+        first, finished = first or contracts, finished or rnd.finish
+        nodes += sum(r["done"] for r in contracted)
+        replies += sum(r["replies"] for r in resolved)
+        final_rows = contracted[0]["done"] if rnd.finish else final_rows
+        moved = sum(r["moved"] for r in contracted)
+        requests = sum(r["requests"] for r in resolved)
+        work_rows = sum(r["sent"] for r in contracted)
+        resolve_rows = requests + (0 if rnd.finish else moved + sum(r["done"] for r in contracted))
+        resolving = moved > 0 or (requests > 0 and not finished)
+        work_fine, resolve_fine, number = rnd.next_work_fine, rnd.next_resolve_fine, number + 1
+    # a settle task also reads the replies to its moves (counted only in total) and the final labels
+    room = max(1, budget - final_rows) * loads.sum() // max(1, loads.sum() + replies)
+    groups = _slot_groups(loads, max(1, room))
+    settled = run_tasks(settle_task, [(job, slot_range, finished, seq + i) for i, slot_range in enumerate(groups)])
+    if settled:
+        largest.append(max(r["rows"] for r in settled))
+    nodes += sum(r["moves"] for r in settled)
+    return {"rounds": len(largest), "edges": edges, "nodes": nodes, "partitions": first, "largest": largest}

@@ -33,6 +33,7 @@ class DedupConfig:
     max_doc_bytes: int = 10 * 1024 * 1024
     split_bytes: int = 64 * 1024 * 1024
     num_partitions: int | None = None  # hash partitions per shuffle; default: one per split, 2 to 64
+    cc_rows_per_task: int = 4_000_000  # rows a connected-components task reads, ~170 bytes each at its peak
     removed: str | None = None
     against: str | None = None
     shard_bytes: int = 256 * 1024 * 1024

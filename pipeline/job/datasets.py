@@ -122,23 +122,30 @@ VERIFY_RIGHT = BySplit("verify_right")  # verify_right_schema, by the right key'
 VERIFY_RIGHT_DONE = Records("verify/right")
 
 
-# cc: rounds of hash-partitioned edges (pipeline.job.components), then labels by split
-def cc_edges(round_index: int) -> Shuffled:
-    """The edges a connected-components round reduces; round 0 holds the candidate (or verified) edges."""
-    return Shuffled(f"cc/r{round_index:03d}")
+# cc: rounds of contract and resolve tasks, then settle (pipeline.job.components); labels by split
+def cc_work(round_number: int) -> Shuffled:
+    """Round ``round_number``'s edges and notes, by node; the producers of the edges send round 1's."""
+    return Shuffled(f"cc/r{round_number:03d}/work")
 
 
-def cc_done(round_index: int) -> Records:
-    """Completion records of one round's reduce tasks."""
-    return Records(f"cc/r{round_index:03d}/done")
+def cc_resolve(round_number: int) -> Shuffled:
+    """The fates decided in the round before and the requests waiting on them, by node."""
+    return Shuffled(f"cc/r{round_number:03d}/resolve")
+
+
+def cc_done(round_number: int, kind: str) -> Records:
+    """Completion records of one round's ``contract`` or ``resolve`` tasks."""
+    return Records(f"cc/done/r{round_number:03d}-{kind}")
 
 
 def edges_from(source: int) -> str:
-    """The map-side name of the edges one task (a partition, or a split in verify) sends to a round."""
+    """The sending-side name of the edges one partition's task sends to round 1."""
     return f"from-{source:05d}"
 
 
-LABELS_DONE = Records("labels/done")
+CC_SETTLE = Shuffled("cc/settle")  # components.SETTLE_SCHEMA: moves and the replies to them, by slot
+CC_FINAL = "cc/final.parquet"  # components.FINAL_SCHEMA: the labels of the round that finished the rest
+CC_SETTLE_DONE = Records("cc/done/settle")
 LABELS = BySplit("labels")  # components.LABEL_SCHEMA: every clustered key's label, by split
 # clusters: per split, per partition, per split
 CLUSTER_MAP_DONE = Records("clusters/map")

@@ -77,8 +77,9 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     """
     import ray
 
-    if (config.num_partitions is not None and config.num_partitions < 1) or config.split_bytes < 1:
-        raise DedupError("num_partitions and split_bytes must be positive")
+    if min(1 if config.num_partitions is None else config.num_partitions, config.split_bytes,
+           config.cc_rows_per_task) < 1:
+        raise DedupError("num_partitions, split_bytes and cc_rows_per_task must be positive")
     started = time.time()
     params = index_params(config)
     files = resolve_inputs(config.inputs, config.storage_options)
@@ -98,7 +99,8 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
         return finished.stats
     work = WorkDir(posixpath.join(config.output.rstrip("/"), WORK_FOLDER), config.storage_options)
     previous = work.read_json(JOB_RECORD)
-    identity = {"fingerprint": fingerprint, "partitions": partitions}  # the shuffles depend on both
+    # the shuffles and the components' rounds depend on these too
+    identity = {"fingerprint": fingerprint, "partitions": partitions, "cc_rows": config.cc_rows_per_task}
     if previous is not None and previous != identity:
         log.info("work folder %s belongs to a different job; starting afresh", work.url)
         work.remove("")
