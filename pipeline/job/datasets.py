@@ -147,11 +147,13 @@ CC_SETTLE = Shuffled("cc/settle")  # components.SETTLE_SCHEMA: moves and the rep
 CC_FINAL = "cc/final.parquet"  # components.FINAL_SCHEMA: the labels of the round that finished the rest
 CC_SETTLE_DONE = Records("cc/done/settle")
 LABELS = BySplit("labels")  # components.LABEL_SCHEMA: every clustered key's label, by split
-# clusters: per split, per partition, per split
+# clusters: per split, per label partition, per split, then per survivor-key partition (exact.exact_clusters)
 CLUSTER_MAP_DONE = Records("clusters/map")
-REPS_IN = Shuffled("reps_in")  # reps_schema, by label
+REPS_IN = Shuffled("reps_in")  # reps_schema: a split's best member of each cluster, by label
 CLUSTERS_DONE = Records("clusters/done")
-CLUSTERS_OUT = BySplit("clusters_out")  # CLUSTER_OUT_SCHEMA
+CLUSTER_REPS = BySplit("cluster_reps")  # cluster_reps_schema: each cluster's survivor, to every split holding it
+CLUSTER_MEMBERS_DONE = Records("clusters/members")
+CLUSTERS_OUT = PerSplit("clusters_out")  # CLUSTER_OUT_SCHEMA: the split's clustered documents
 EXACT_CLUSTERS_DONE = Records("clusters/exact")
 EXACT_CLUSTERS = BySplit("exact_clusters")  # EXACT_CLUSTER_SCHEMA
 # write: per split
@@ -206,10 +208,18 @@ def verify_right_schema(num_perm: int) -> pa.Schema:
 
 
 def reps_schema(num_perm: int) -> pa.Schema:
-    """Signed cluster members with their component label, shuffled by label for survivor choice."""
+    """A split's best member of a cluster, with the documents (exact copies included) the split holds
+    of it in ``copies``, shuffled by label for the survivor choice."""
     return pa.schema([("key", pa.int64()), ("id", pa.string()), ("length", pa.int64()),
                       ("copies", pa.int64()), ("existing", pa.bool_()),
                       ("signature", pa.list_(pa.uint64(), num_perm)), ("label", pa.int64())])
+
+
+def cluster_reps_schema(num_perm: int) -> pa.Schema:
+    """A cluster's survivor and size, on its way back to a split that holds members (``key``: the
+    split's best member)."""
+    return pa.schema([("key", pa.int64()), ("label", pa.int64()), ("rep_key", pa.int64()), ("rep_id", pa.string()),
+                      ("cluster_size", pa.int64()), ("rep_signature", pa.list_(pa.uint64(), num_perm))])
 
 
 def sig_schema(num_perm: int, bands: int) -> pa.Schema:

@@ -12,7 +12,6 @@ import pyarrow.compute as pc
 
 from pipeline.format import CORPUS_SCHEMA, REMOVED_SCHEMA, ShardWriter
 from pipeline.job.datasets import (
-    CLUSTER_OUT_SCHEMA,
     CLUSTERS_OUT,
     DOCS,
     EXACT_CLUSTER_SCHEMA,
@@ -38,7 +37,7 @@ def _write_split_now(job: Job, split_index: int) -> dict[str, Any]:
     docs_file = DOCS.file(split_index)
     docs = job.work.read_table(docs_file, ["key", "id", "origin", "domain", "language"])  # no text
     exact = job.work.read_folder(EXACT_OUT.split(split_index), EXACT_OUT_SCHEMA)
-    clusters = job.work.read_folder(CLUSTERS_OUT.split(split_index), CLUSTER_OUT_SCHEMA)
+    clusters = job.work.read_table(CLUSTERS_OUT.file(split_index))
     n = docs.num_rows
     keys = docs["key"].to_numpy()
     ids = docs["id"].to_pylist()
