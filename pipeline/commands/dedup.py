@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cc-rows-per-task", type=int,
                         help="rows a connected-components task reads, about 170 bytes each (default 4 million)")
     parser.add_argument("--removed", metavar="CORPUS2", help="also write the removed documents here")
-    parser.add_argument("--against", metavar="CORPUS", help="dedup against an earlier corpus's signature index")
+    parser.add_argument("--against", metavar="CORPUS", action="append",
+                        help="dedup against an earlier corpus's signature index (repeat for several corpora)")
     parser.add_argument("--shard-bytes", type=int, help="target shard size (default 256 MiB)")
     parser.add_argument("--row-group-bytes", type=int, help="target row group size (default 4 MiB)")
     parser.add_argument("--keep-work", action="store_true", default=None,

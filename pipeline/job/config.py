@@ -35,12 +35,17 @@ class DedupConfig:
     num_partitions: int | None = None  # hash partitions per shuffle; default: one per split, 2 to 64
     cc_rows_per_task: int = 4_000_000  # rows a connected-components task reads, ~170 bytes each at its peak
     removed: str | None = None
-    against: str | None = None
+    against: list[str] = field(default_factory=list)  # earlier corpora; one may be given as a string
     shard_bytes: int = 256 * 1024 * 1024
     row_group_bytes: int = 4 * 1024 * 1024
     keep_work: bool = False
     overwrite: bool = False  # replace a committed corpus another job wrote in output/removed
     storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # one earlier corpus may be given as a string (the job file's `against = "..."`); each counts once
+        against = [self.against] if isinstance(self.against, str) else list(self.against or [])
+        self.against = list(dict.fromkeys(against))
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> DedupConfig:

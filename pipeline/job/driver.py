@@ -43,6 +43,7 @@ from pipeline.job.datasets import (
 )
 from pipeline.job.exact import exact_partition
 from pipeline.job.inputs import KEY_BITS, plan_splits, resolve_inputs
+from pipeline.job.keys import check_split_count
 from pipeline.job.plan import against_index_files, claim_folders, job_fingerprint
 from pipeline.job.read import read_index_split, read_split
 from pipeline.job.sign import sign_split
@@ -89,6 +90,7 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     # partition per split made splits x partitions tiny files, about a millisecond of CPU each).
     input_bytes = sum(s.bytes for s in splits)
     partitions = config.num_partitions or max(2, min(64, -(-input_bytes // PARTITION_INPUT_BYTES) + len(index_files)))
+    check_split_count(len(splits), len(index_files))
     fingerprint = job_fingerprint(config, params, splits, index_files)  # names the output files
     finished = claim_folders(config, files, fingerprint)
     if finished is not None:  # this very job committed already: re-running it is an idempotent resume

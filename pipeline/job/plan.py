@@ -1,5 +1,5 @@
-"""Before any work: what a run depends on (its fingerprint), the ``--against`` index files it reads,
-and whether it may write its folders (``pipeline.job.folders``)."""
+"""Before any work: what a run depends on (its fingerprint), the index files of its ``--against``
+corpora, and whether it may write its folders (``pipeline.job.folders``)."""
 
 from __future__ import annotations
 
@@ -27,14 +27,20 @@ def job_fingerprint(config: DedupConfig, params: IndexParams, splits: list[Split
 
 
 def against_index_files(config: DedupConfig, params: IndexParams) -> list[str]:
-    """The index files of an existing corpus, after checking it was hashed the same way."""
+    """The index files of every ``--against`` corpus, in the order given, each corpus checked to have
+    been hashed the same way: each file becomes a pseudo-split."""
+    return [name for url in config.against for name in _index_files(url, config, params)]
+
+
+def _index_files(url: str, config: DedupConfig, params: IndexParams) -> list[str]:
+    """The index files of one earlier corpus, after checking it was hashed the same way."""
     try:
-        corpus = Corpus.open(config.against, config.storage_options)
+        corpus = Corpus.open(url, config.storage_options)
     except CorpusError as exc:
         raise DedupError(f"--against: {exc}") from None
     index = corpus.manifest.extra.get("signature_index")
     if not isinstance(index, Mapping) or not isinstance(index.get("params"), Mapping):
-        raise DedupError(f"--against {config.against}: the corpus has no signature index (not built by gristmill dedup)")
+        raise DedupError(f"--against {url}: the corpus has no signature index (not built by gristmill dedup)")
     theirs = index["params"]
     ours = dataclasses.asdict(params)
     for name in ("num_perm", "ngram", "bands", "rows", "seed"):
@@ -45,28 +51,29 @@ def against_index_files(config: DedupConfig, params: IndexParams) -> list[str]:
                 hint = (f" (the index was built {'with' if theirs.get('verify') else 'without'} edge verification: "
                         f"pass --bands {theirs.get('bands')} --rows {theirs.get('rows')}"
                         f"{'' if theirs.get('verify') else ', or --no-verify'})")
-            raise DedupError(f"--against {config.against}: its index was built with {name}={theirs.get(name)}, "
+            raise DedupError(f"--against {url}: its index was built with {name}={theirs.get(name)}, "
                              f"this job uses {name}={ours[name]}; use the same settings{hint}")
     files = index.get("files")
     if not isinstance(files, list):
-        raise DedupError(f"--against {config.against}: its manifest's signature index lists no files")
+        raise DedupError(f"--against {url}: its manifest's signature index lists no files")
     try:
         paths = [corpus.member_path(name, "signature index file") for name in files]
     except CorpusError as exc:
         raise DedupError(f"--against: {exc}") from None
-    protocol = config.against.split("://", 1)[0] + "://" if "://" in config.against else ""
+    protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
     return [path if not protocol or path.startswith(protocol) else protocol + path for path in paths]
 
 
 def claim_folders(config: DedupConfig, files: list[InputFile], fingerprint: str) -> Corpus | None:
     """Check the folders before any work (``pipeline.job.folders``); the committed corpus if this job finished."""
-    outputs = {"-o": config.output, "--removed": config.removed, "--against": config.against}
     # a folder INPUT is walked (and a ** glob's fixed prefix is): nothing may be written inside it
     inputs = [(spec, _walked_folder(spec)) for spec in config.inputs]
     inputs = [(spec, folder) for spec, folder in inputs if folder and _is_folder(folder, config)]
     inputs += [(f.origin, f.url) for f in files]
     try:
-        check_disjoint(outputs, inputs, config.storage_options)
+        for against in config.against or [None]:  # read-only, they may overlap one another
+            check_disjoint({"-o": config.output, "--removed": config.removed, "--against": against}, inputs,
+                           config.storage_options)
         finished = claim(config.output, fingerprint, config.overwrite, "-o", config.storage_options)
         if config.removed:
             claim(config.removed, fingerprint, config.overwrite, "--removed", config.storage_options)

@@ -29,6 +29,7 @@ from pipeline.job.datasets import (
 )
 from pipeline.job.exact import shuffle_exact
 from pipeline.job.inputs import KEY_BITS, Doc, ReadOptions, Reject, generated_id, read_file
+from pipeline.job.keys import check_split_rows
 from pipeline.job.tasks import Job, run_once
 
 # Text per batch, one row group of a split's documents: a worker holds one at a time (8 MiB cost
@@ -53,6 +54,7 @@ def _read_split_now(job: Job, split_index: int) -> dict[str, Any]:
     ordinal = 0
     with job.work.table_writer(DOCS.file(split_index), DOC_SCHEMA) as writer:
         for batch in _document_batches(job, split_index, rejects):
+            check_split_rows(ordinal + len(batch), f"split {split_index} ({job.split(split_index).files[0].url}, ...)")
             table, signatures = _document_table(split_index, ordinal, batch, hasher, seen)
             writer.write_table(table)
             slims.append(table.select(["content_hash", "key", "id", "length"]))
@@ -139,6 +141,7 @@ def read_index_split(job: Job, split_index: int) -> dict[str, Any]:
 
     def compute() -> dict[str, Any]:
         index = read_index_file(job, job.index_files[split_index])
+        check_split_rows(index.num_rows, f"--against index file {job.index_files[split_index]}")
         keys = (np.int64(split_index) << np.int64(KEY_BITS)) + np.arange(index.num_rows, dtype=np.int64)
         slim = pa.table({"content_hash": index["content_hash"], "key": pa.array(keys, pa.int64()),
                          "id": index["id"], "length": index["length"]})
