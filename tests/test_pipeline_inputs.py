@@ -99,7 +99,7 @@ def test_splits_are_deterministic_and_keep_file_order(tmp_path: Path) -> None:
     assert len(files) == 7  # the folder and the glob name the same files once
     splits = plan_splits(files, split_bytes=250, first_index=3)
     assert [s.index for s in splits] == list(range(3, 3 + len(splits)))
-    assert [f for s in splits for f in s.files] == files
+    assert [p.file for s in splits for p in s.pieces] == files
     assert splits == plan_splits(files, split_bytes=250, first_index=3)
 
 

@@ -99,7 +99,8 @@ def stage_record(stage: str) -> str:
     return f"stage-{stage}.json"
 
 
-# read: per split (and per --against index file)
+# read: per split (and per --against index file); first, the newlines of cut JSONL files
+LINES_DONE = Records("read/lines")  # {"split", "newlines"}: inputs.number_lines numbers the later pieces
 READ_DONE = Records("read/done")
 DOCS = PerSplit("docs")  # DOC_SCHEMA, one row group per read batch
 HASH_SIGNATURES = PerSplit("hash_sigs")  # hash_signature_schema: one signature per distinct content hash

@@ -45,7 +45,7 @@ from pipeline.job.exact import exact_partition
 from pipeline.job.inputs import KEY_BITS, plan_splits, resolve_inputs
 from pipeline.job.keys import check_split_count
 from pipeline.job.plan import against_index_files, claim_folders, job_fingerprint
-from pipeline.job.read import read_index_split, read_split
+from pipeline.job.read import read_index_split, run_read
 from pipeline.job.sign import sign_split
 from pipeline.job.stats import final_stats, merge_counts, run_stats
 from pipeline.job.tasks import Job, make_runner, map_splits
@@ -107,7 +107,10 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
         log.info("work folder %s belongs to a different job; starting afresh", work.url)
         work.remove("")
     work.write_json(JOB_RECORD, identity)
-    job = Job(config, params, work, splits, index_files, fingerprint, partitions)
+    # the context every task shares: without the plan (a read task is sent its own split) and without
+    # the INPUT list, which can name as many files as the plan
+    job = Job(dataclasses.replace(config, inputs=[]), params, work, index_files, fingerprint, partitions,
+              len(splits))
 
     if not ray.is_initialized():
         # RAY_ADDRESS (set by `ray job submit`) joins that cluster; otherwise start a private local Ray
@@ -138,8 +141,7 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
         return result
 
     parts = list(range(job.num_partitions))
-    stage("read", lambda: map_splits(read_index_split, job, list(range(len(index_files))))
-          + map_splits(read_split, job, job.split_indices))
+    stage("read", lambda: map_splits(read_index_split, job, list(range(len(index_files)))) + run_read(job, splits))
     stage("exact", lambda: run_tasks(exact_partition, [(job, p) for p in parts]))
     signed = sum(r["signed"] for r in stage("sign", lambda: map_splits(sign_split, job, job.split_indices)))
     # Edges are few next to documents: size the components' partitions by the band rows they can come
@@ -157,7 +159,8 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     totals: dict[str, Any] = {}
     for record in written:
         merge_counts(totals, record["totals"])
-    stats = final_stats(totals, table, timings, resumed, {**cc, **edges}, params, config, time.time() - started)
+    stats = final_stats(totals, table, timings, resumed, {**cc, **edges}, params, config, time.time() - started,
+                        len(splits))
     shards = [ShardInfo.from_dict(s) for record in written for s in record["shards"]]
     index_names = [index_file(i, fingerprint) for i in job.split_indices]
     extra = {"signature_index": {"files": index_names, "params": dataclasses.asdict(params)},

@@ -1,11 +1,12 @@
 """Input discovery and parsing for ``gristmill dedup``: Parquet, JSONL (plain, .gz, .zst), WARC, corpora.
 
-Every record a file holds comes out of :func:`read_file` as either a :class:`Doc` or a
+Every record a file holds comes out of :func:`read_piece` as either a :class:`Doc` or a
 :class:`Reject` naming the file and the position (line, row or byte offset), so a malformed line, a
-truncated stream or a corrupt Parquet file is accounted for and never stops the job. Files are
-grouped into :class:`Split` s (deterministic: sorted names, a byte budget per split) that the job
-processes in parallel; a document's key is ``split << 32 | ordinal``, so key order is input order
-whatever the split size.
+truncated stream or a corrupt Parquet file is accounted for and never stops the job. Files are cut
+into :class:`Split` s of :class:`Piece` s (deterministic: sorted names, a byte budget per split; an
+uncompressed file may be cut, a compressed one is whole) that the job processes in parallel; a
+piece reads the records that start in its byte range, with the positions a whole read gives. A
+document's key is ``split << 32 | ordinal``, so key order is input order whatever the split size.
 
 How damage is counted (the job's identity kept + exact + near + rejected = input rests on it):
 
@@ -24,6 +25,7 @@ How damage is counted (the job's identity kept + exact + near + rejected = input
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import gzip
 import io
@@ -76,15 +78,37 @@ class InputFile:
 
 
 @dataclass(frozen=True)
-class Split:
-    """A unit of parallel work: consecutive files (in sorted order) up to a byte budget."""
+class Piece:
+    """The part of one file a split reads: the records that start in bytes [start, end) (``end`` None: to
+    the end of the file). JSONL: the lines that start there; WARC: the records whose version line
+    starts there; Parquet: the row groups whose first page starts there. A compressed file is one
+    piece, read whole."""
 
-    index: int
-    files: tuple[InputFile, ...]
+    file: InputFile
+    start: int = 0
+    end: int | None = None
+    first_line: int = 1  # JSONL: the number of the first line that starts in the piece (number_lines)
+
+    @property
+    def whole(self) -> bool:
+        return self.start == 0 and self.end is None
 
     @property
     def bytes(self) -> int:
-        return sum(f.size for f in self.files)
+        return (self.file.size if self.end is None else self.end) - self.start
+
+
+@dataclass(frozen=True)
+class Split:
+    """A unit of parallel work, and what its read task is sent: consecutive pieces of the sorted files
+    up to a byte budget."""
+
+    index: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(p.bytes for p in self.pieces)
 
 
 @dataclass
@@ -237,20 +261,105 @@ def _outside_corpora(fs: fsspec.AbstractFileSystem, top: str, found: Mapping[str
     return result
 
 
+# A split's pieces are its read task's argument: at most this many keeps it a few KB whatever the
+# input (a split of small files is cut by count as well as by bytes).
+SPLIT_MAX_PIECES = 64
+# A file is cut where a split fills up, but never into a piece under this part of a split: the split
+# is closed and the file starts the next one.
+MIN_PIECE_PART = 4
+
+
+def cuttable(item: InputFile) -> bool:
+    """Whether a file may be cut into pieces: not when compressed (a gzip or zstd stream is read from
+    its start, so it is read whole by one task)."""
+    return item.compression is None
+
+
 def plan_splits(files: Sequence[InputFile], split_bytes: int, first_index: int = 0) -> list[Split]:
-    """Group sorted files into splits of about ``split_bytes``; a big file is a split of its own."""
+    """Cut the sorted files into splits of about ``split_bytes`` and at most SPLIT_MAX_PIECES pieces.
+
+    An uncompressed file that does not fit is cut where the split fills up (and its rest goes on in
+    the next splits); a compressed one is whole, a split of its own when it is big. The same files
+    and budget always give the same splits.
+    """
     splits: list[Split] = []
-    current: list[InputFile] = []
+    pieces: list[Piece] = []
     size = 0
+
+    def close() -> None:
+        nonlocal pieces, size
+        if pieces:
+            splits.append(Split(first_index + len(splits), tuple(pieces)))
+        pieces, size = [], 0
+
     for item in files:
-        if current and size + item.size > split_bytes:
-            splits.append(Split(first_index + len(splits), tuple(current)))
-            current, size = [], 0
-        current.append(item)
-        size += item.size
-    if current:
-        splits.append(Split(first_index + len(splits), tuple(current)))
+        if len(pieces) >= SPLIT_MAX_PIECES:
+            close()
+        start = 0
+        while cuttable(item) and item.size - start > split_bytes - size:
+            room = split_bytes - size
+            if room >= max(split_bytes // MIN_PIECE_PART, 1):
+                pieces.append(Piece(item, start, start + room))
+                start += room
+            close()
+        if pieces and size + item.size - start > split_bytes:
+            close()
+        pieces.append(Piece(item, start))
+        size += item.size - start
+    close()
     return splits
+
+
+_COUNT_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def needs_line_count(piece: Piece) -> bool:
+    """Whether ``piece``'s newlines must be counted before the read: a JSONL piece with more of its file
+    after it (the later pieces number their lines from the count)."""
+    return piece.file.kind == "jsonl" and piece.end is not None
+
+
+def count_newlines(piece: Piece, storage_options: Mapping[str, Any] | None = None) -> int:
+    """The newlines in bytes [start - 1, end - 1) of the piece's file (from byte 0 for the first piece):
+    summed over a file's earlier pieces, the lines that start before a later one (``number_lines``).
+
+    A file that cannot be read counts 0: its pieces cannot read it either, and the first one says so.
+    """
+    begin, stop = max(piece.start - 1, 0), (piece.file.size if piece.end is None else piece.end) - 1
+    count = 0
+    try:
+        with fsspec.open(piece.file.url, "rb", **dict(storage_options or {})) as handle:
+            handle.seek(begin)
+            left = stop - begin
+            while left > 0 and (chunk := handle.read(min(left, _COUNT_CHUNK_BYTES))):
+                count += chunk.count(b"\n")
+                left -= len(chunk)
+    except Exception:  # noqa: BLE001 - reading the file is the readers' business, with their rejects
+        return 0
+    return count
+
+
+def number_lines(splits: Sequence[Split], newlines: Mapping[int, Sequence[int | None]]) -> list[Split]:
+    """The splits with the first line number of every later JSONL piece of a cut file, from the newlines
+    ``count_newlines`` found in its earlier pieces (``newlines[split index]``, one entry per piece,
+    None where not counted), so a cut file's line numbers (and the ids generated from them) are those
+    of a whole read."""
+    before: dict[str, int] = {}  # a cut file's newlines before the end of its pieces so far
+    numbered = []
+    for split in splits:
+        counts = newlines.get(split.index, ())
+        pieces = []
+        for i, piece in enumerate(split.pieces):
+            url = piece.file.url
+            if piece.file.kind == "jsonl" and piece.start > 0:
+                piece = dataclasses.replace(piece, first_line=2 + before[url])
+            if i < len(counts) and counts[i] is not None:
+                before[url] = before.get(url, 0) + counts[i]
+            elif piece.end is None:
+                before.pop(url, None)
+            pieces.append(piece)
+        numbered.append(dataclasses.replace(split, pieces=tuple(pieces)))
+    return numbered
 
 
 def generated_id(url: str, position: str) -> str:
@@ -270,22 +379,35 @@ def domain_of(url: str | None) -> str | None:
 
 def read_file(item: InputFile, options: ReadOptions,
               storage_options: Mapping[str, Any] | None = None) -> Iterator[Doc | Reject]:
-    """Every record of one file, as documents or rejects; never raises for bad content.
+    """Every record of one whole file, as documents or rejects; never raises for bad content."""
+    return read_piece(Piece(item), options, storage_options)
+
+
+def read_piece(piece: Piece, options: ReadOptions,
+               storage_options: Mapping[str, Any] | None = None) -> Iterator[Doc | Reject]:
+    """Every record that starts in one piece of a file, as documents or rejects, with the positions
+    (line, row, byte offset) a whole read gives; never raises for bad content.
 
     The readers isolate each record; what still escapes them (the file cannot be opened, or fails
-    between records) ends the file with one reject for what was not read.
+    between records) ends the piece with one reject for what was not read. What concerns the whole
+    file (it cannot be opened, a Parquet footer or text column that cannot be used) is reported by its
+    first piece alone, so a cut file's rejects count as a whole one's.
     """
     readers = {"jsonl": _read_jsonl, "parquet": _read_parquet, "warc": _read_warc}
-    accounted = 0
+    item, accounted = piece.file, 0
     try:
-        for record in readers[item.kind](item, options, storage_options):
+        for record in readers[item.kind](piece, options, storage_options):
             accounted += record.count if isinstance(record, Reject) else 1
             yield record
     except Exception as exc:  # noqa: BLE001 - whatever it is, the job goes on with the next file
-        if accounted:
+        if accounted and piece.whole:
             yield _file_reject(item, f"after record {accounted}", "corrupt",
                                f"reading stopped ({_describe(exc)}); the rest of the file is lost", 0, accounted)
-        else:
+        elif accounted:
+            yield Reject(item.source, f"after record {accounted} from byte {piece.start}", "corrupt",
+                         f"reading stopped ({_describe(exc)}); the rest of bytes {piece.start}-{piece.end or item.size} "
+                         "is lost; its record count is unknown, counted as one", 0)
+        elif piece.start == 0:
             yield _file_reject(item, "file", "corrupt", f"unreadable file ({_describe(exc)})", item.size)
 
 
@@ -414,14 +536,20 @@ def _decompressed(item: InputFile, raw: BinaryIO) -> tuple[BinaryIO, str | None]
 
 
 # -- JSONL -------------------------------------------------------------------------------------
-def _read_jsonl(item: InputFile, options: ReadOptions,
+def _read_jsonl(piece: Piece, options: ReadOptions,
                 storage_options: Mapping[str, Any] | None) -> Iterator[Doc | Reject]:
-    lineno, compression = 0, item.compression
+    item = piece.file
+    lineno, compression = piece.first_line - 1, item.compression
     with fsspec.open(item.url, "rb", **dict(storage_options or {})) as raw_handle:
         try:
             stream, compression = _decompressed(item, raw_handle)
+            first = _first_line_start(piece, stream, compression)
+            if first is None:
+                return
+            stop = None if compression is not None or piece.end is None else piece.end - first
             limit = _record_limit(options)
-            for lineno, (raw, length) in enumerate(_bounded_lines(stream, limit), 1):  # noqa: B007 - used after
+            for lineno, (raw, length) in enumerate(_bounded_lines(stream, limit, stop),  # noqa: B007 - used after
+                                                   piece.first_line):
                 if raw is None:
                     yield Reject(item.source, f"line {lineno}", "over_size_cap",
                                  f"line of {length} bytes is over the {limit}-byte line cap (--max-doc-bytes x "
@@ -449,17 +577,39 @@ def _record_limit(options: ReadOptions) -> int:
     return max(options.max_doc_bytes * RAW_RECORD_EXPANSION, _LINE_CHUNK)
 
 
-def _bounded_lines(stream: Any, limit: int) -> Iterator[tuple[bytes | None, int]]:
-    """(line, length) for each line of a binary stream; (None, length) for a line over ``limit`` bytes,
-    which is read past in chunks rather than held."""
-    while raw := stream.readline(limit + 1):
-        if len(raw) <= limit or raw.endswith(b"\n"):
-            yield raw, len(raw)
-            continue
+def _bounded_lines(stream: Any, limit: int, stop: int | None = None) -> Iterator[tuple[bytes | None, int]]:
+    """(line, length) for each line of a binary stream (with ``stop``, each line that starts in its next
+    ``stop`` bytes); (None, length) for a line over ``limit`` bytes, which is read past in chunks
+    rather than held."""
+    consumed = 0
+    while (stop is None or consumed < stop) and (raw := stream.readline(limit + 1)):
         length = len(raw)
-        while (chunk := stream.readline(_LINE_CHUNK)) and not chunk.endswith(b"\n"):
-            length += len(chunk)
-        yield None, length + len(chunk)
+        if length > limit and not raw.endswith(b"\n"):
+            while chunk := stream.readline(_LINE_CHUNK):
+                length += len(chunk)
+                if chunk.endswith(b"\n"):
+                    break
+            raw = None
+        consumed += length
+        yield raw, length
+
+
+def _first_line_start(piece: Piece, stream: Any, compression: str | None) -> int | None:
+    """Move ``stream`` to the first line that starts in ``piece`` (the one after the line that holds
+    byte start - 1) and return its offset; None when no line starts in the piece. A cut file whose
+    content turns out compressed (a gzip stream named .jsonl) is read whole by its first piece."""
+    if piece.start == 0 or compression is not None:
+        return 0 if piece.start == 0 else None
+    position = piece.start - 1
+    stream.seek(position)
+    while piece.end is None or position < piece.end:
+        chunk = stream.readline(_LINE_CHUNK)
+        if not chunk:
+            return None
+        position += len(chunk)
+        if chunk.endswith(b"\n"):
+            return position if piece.end is None or position < piece.end else None
+    return None
 
 
 _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
@@ -566,34 +716,43 @@ def _text_column_problem(schema: Any, column: str) -> str | None:
     return None
 
 
-def _read_parquet(item: InputFile, options: ReadOptions,
+def _read_parquet(piece: Piece, options: ReadOptions,
                   storage_options: Mapping[str, Any] | None) -> Iterator[Doc | Reject]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    item = piece.file
+    first = piece.start == 0  # what concerns the whole file is its first piece's to report
     with fsspec.open(item.url, "rb", **dict(storage_options or {})) as handle:
         try:
             parquet = pq.ParquetFile(handle, page_checksum_verification=True)  # CRCs where written
             metadata, schema = parquet.metadata, parquet.schema_arrow
         except Exception as exc:  # noqa: BLE001 - a footer that cannot be read, whatever pyarrow raises
-            yield _file_reject(item, "file", "corrupt", f"corrupt Parquet file ({_describe(exc)})", item.size)
+            if first:
+                yield _file_reject(item, "file", "corrupt", f"corrupt Parquet file ({_describe(exc)})", item.size)
             return
         group_rows = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
         if sum(group_rows) != metadata.num_rows or min(group_rows, default=0) < 0:
-            yield _file_reject(item, "file", "corrupt", f"corrupt Parquet footer (its row groups hold {sum(group_rows)} "
-                               f"rows, the file {metadata.num_rows})", item.size)
+            if first:
+                yield _file_reject(item, "file", "corrupt", f"corrupt Parquet footer (its row groups hold "
+                                   f"{sum(group_rows)} rows, the file {metadata.num_rows})", item.size)
             return
         if item.rows is not None and metadata.num_rows != item.rows:
-            yield _file_reject(item, "file", "corrupt", f"the shard holds {metadata.num_rows} rows", item.size)
+            if first:
+                yield _file_reject(item, "file", "corrupt", f"the shard holds {metadata.num_rows} rows", item.size)
             return
         problem = _text_column_problem(schema, options.text_column)
         if problem is not None:
-            yield Reject(item.source, "file", "unparseable", problem, item.size, count=metadata.num_rows)
+            if first:
+                yield Reject(item.source, "file", "unparseable", problem, item.size, count=metadata.num_rows)
             return
         wanted = [c for c in dict.fromkeys([options.text_column, options.id_column, *_PARQUET_EXTRA])
                   if schema.names.count(c) == 1]
         row = 0
         for group, rows in enumerate(group_rows):
+            if not _row_group_in(metadata, group, piece):
+                row += rows
+                continue
             try:
                 # no threads: threaded reads through a Python file object abort the process now and
                 # then (apache/arrow#34314); the job's parallelism is across splits anyway
@@ -616,6 +775,17 @@ def _read_parquet(item: InputFile, options: ReadOptions,
                     record = _failed(item, f"row {row + offset}", exc, len(raw or b""))
                 yield record
             row += rows
+
+
+def _row_group_in(metadata: Any, group: int, piece: Piece) -> bool:
+    """Whether ``piece`` reads row group ``group``: the piece its first page starts in. Whatever offset a
+    footer gives, exactly one piece of the file has it (the first takes what lies before, the last
+    what lies after)."""
+    if piece.whole:
+        return True
+    chunk = metadata.row_group(group).column(0) if metadata.num_columns else None
+    offset = 0 if chunk is None else chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    return (piece.start == 0 or offset >= piece.start) and (piece.end is None or offset < piece.end)
 
 
 def _python_values(column: Any) -> list[Any]:
@@ -654,11 +824,11 @@ class _WarcStream:
     whose framing turns out wrong is searched for the next record instead of being skipped whole.
     ``offset`` counts the bytes handed out (in the decompressed stream)."""
 
-    def __init__(self, stream: BinaryIO) -> None:
+    def __init__(self, stream: BinaryIO, offset: int = 0) -> None:
         # read1: one read of a decompressing stream that hits damage loses what it decoded before
         self._read = getattr(stream, "read1", stream.read)
         self._buffer = bytearray()
-        self.offset = 0
+        self.offset = offset  # where the stream stands in the file
 
     def _fill(self) -> bool:
         chunk = self._read(_WARC_CHUNK_BYTES)
@@ -709,8 +879,9 @@ class _WarcRecord(NamedTuple):
     oversized: bool = False  # a sound frame whose block was over the cap, skipped unread
 
 
-def _warc_records(stream: _WarcStream, limit: int) -> Iterator[_WarcRecord]:
-    """Every record of a WARC byte stream, sound or damaged, in file order.
+def _warc_records(stream: _WarcStream, limit: int, end: int | None = None) -> Iterator[_WarcRecord]:
+    """Every record of a WARC byte stream, sound or damaged, in file order; with ``end``, up to the
+    first line at or after ``end`` that starts ``WARC/1.`` (a later piece's first record).
 
     A sound record has a WARC/ version line, well-formed headers with a Content-Length, that many
     bytes of block, then an empty line (CRLF CRLF; the end of the file may cut those). A damaged one
@@ -725,6 +896,8 @@ def _warc_records(stream: _WarcStream, limit: int) -> Iterator[_WarcRecord]:
         if not line.strip():
             continue
         offset = stream.offset - len(line)
+        if end is not None and offset >= end and line.startswith(b"WARC/1."):
+            return
         lines, warc_type, length, problem = _warc_header(stream, line)
         if problem is None and length > limit:
             skipped = stream.skip(length)
@@ -735,7 +908,8 @@ def _warc_records(stream: _WarcStream, limit: int) -> Iterator[_WarcRecord]:
                 continue
             yield _WarcRecord(offset, b"", warc_type, f"the file ends {skipped} bytes into a block of {length} "
                               "(Content-Length)" if skipped < length else "no empty line after its block")
-            _resynchronise(stream)
+            if not _resynchronise(stream, end):
+                return
             continue
         if problem is None:
             block = stream.read(length)
@@ -747,7 +921,8 @@ def _warc_records(stream: _WarcStream, limit: int) -> Iterator[_WarcRecord]:
             problem = (f"the file ends {len(block)} bytes into a block of {length} (Content-Length)"
                        if len(block) < length else f"no empty line after the {length} bytes of its Content-Length")
         yield _WarcRecord(offset, b"", warc_type, problem)
-        _resynchronise(stream)
+        if not _resynchronise(stream, end):
+            return
 
 
 def _warc_header(stream: _WarcStream, first: bytes) -> tuple[list[bytes], str, int, str | None]:
@@ -781,22 +956,34 @@ def _warc_header(stream: _WarcStream, first: bytes) -> tuple[list[bytes], str, i
     return lines, warc_type, int(length), None
 
 
-def _resynchronise(stream: _WarcStream) -> None:
-    """Skip to the next line that starts a record (``WARC/1.``), or to the end of the stream."""
-    while line := stream.readline():
+def _resynchronise(stream: _WarcStream, end: int | None = None) -> bool:
+    """Skip to the next line that starts a record (``WARC/1.``); False when the stream ends first, or
+    (with ``end``) no such line starts before ``end``: the next record is then a later piece's."""
+    while (end is None or stream.offset < end) and (line := stream.readline()):
         if line.startswith(b"WARC/1."):
             stream.unread(line)
-            return
+            return True
+    return False
 
 
-def _read_warc(item: InputFile, options: ReadOptions,
+def _read_warc(piece: Piece, options: ReadOptions,
                storage_options: Mapping[str, Any] | None) -> Iterator[Doc | Reject]:
-    compression, read_whole = item.compression, 0  # read_whole: where the last record read whole ends
+    """The records of a WARC piece: a later piece starts at the first ``WARC/1.`` line in it (the one
+    a whole read reaches, unless a block holds such a line; docs/PIPELINE.md) and reads on through the
+    record that crosses its end."""
+    item = piece.file
+    compression, read_whole = item.compression, piece.start  # read_whole: where the last record read whole ends
     with fsspec.open(item.url, "rb", **dict(storage_options or {})) as handle:
         try:
             decompressed, compression = _decompressed(item, handle)
-            stream = _WarcStream(decompressed)
-            for record in _warc_records(stream, _record_limit(options)):
+            first = _first_line_start(piece, decompressed, compression)
+            if first is None:
+                return
+            stream = _WarcStream(decompressed, first)
+            end = None if compression is not None else piece.end
+            if piece.start > 0 and not _resynchronise(stream, end):
+                return
+            for record in _warc_records(stream, _record_limit(options), end):
                 read_whole = stream.offset
                 position = f"record at {_warc_offset(record.offset, compression)}"
                 if record.problem is not None:

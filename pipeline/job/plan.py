@@ -18,7 +18,7 @@ from pipeline.job.inputs import InputFile, Split
 def job_fingerprint(config: DedupConfig, params: IndexParams, splits: list[Split], index_files: list[str]) -> str:
     """What the result depends on; a work folder from another job is discarded, not mixed in."""
     payload = {
-        "files": [[f.url, f.size] for s in splits for f in s.files], "splits": [len(s.files) for s in splits],
+        "splits": [[[p.file.url, p.file.size, p.start, p.end] for p in s.pieces] for s in splits],  # where files are cut
         "params": dataclasses.asdict(params), "index": index_files, "text_column": config.text_column,
         "id_column": config.id_column, "max_doc_bytes": config.max_doc_bytes, "removed": config.removed,
         "shard_bytes": config.shard_bytes, "row_group_bytes": config.row_group_bytes,

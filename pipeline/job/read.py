@@ -7,7 +7,7 @@ the signatures they already have.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from pipeline.job.datasets import (
     DOCS,
     EXACT_SCHEMA,
     HASH_SIGNATURES,
+    LINES_DONE,
     READ_DONE,
     REJECTS,
     SIGNATURES,
@@ -28,24 +29,56 @@ from pipeline.job.datasets import (
     sig_schema,
 )
 from pipeline.job.exact import shuffle_exact
-from pipeline.job.inputs import KEY_BITS, Doc, ReadOptions, Reject, generated_id, read_file
+from pipeline.job.inputs import (
+    KEY_BITS,
+    Doc,
+    ReadOptions,
+    Reject,
+    Split,
+    count_newlines,
+    generated_id,
+    needs_line_count,
+    number_lines,
+    read_piece,
+)
 from pipeline.job.keys import check_split_rows
-from pipeline.job.tasks import Job, run_once
+from pipeline.job.tasks import Job, map_splits, run_once
 
 # Text per batch, one row group of a split's documents: a worker holds one at a time (8 MiB cost
 # 47 MB more per worker at the same CPU).
 BATCH_BYTES = 4 * 1024 * 1024
 
 
-def read_split(job: Job, split_index: int) -> dict[str, Any]:
-    """One split of the input, once: ``{"docs": read, "rejected": records rejected}``."""
-    return run_once(job.work, READ_DONE.split(split_index), lambda: _read_split_now(job, split_index))
+def run_read(job: Job, splits: Sequence[Split]) -> list[dict[str, Any]]:
+    """The stage's tasks for the new input: the newlines of cut JSONL files first (a task per split
+    holding such a piece, reading only those bytes), so each later piece knows its first line number;
+    then one read task per split, each sent its own split."""
+    counted = map_splits(count_lines, job, [s for s in splits if any(needs_line_count(p) for p in s.pieces)])
+    return map_splits(read_split, job, number_lines(splits, {r["split"]: r["newlines"] for r in counted}))
 
 
-def _read_split_now(job: Job, split_index: int) -> dict[str, Any]:
+def count_lines(job: Job, split: Split) -> dict[str, Any]:
+    """Before the read, once: the newlines of the split's pieces that a later piece of their file numbers
+    its lines from (``inputs.number_lines``); ``{"split": index, "newlines": [count or None per piece]}``."""
+
+    def compute() -> dict[str, Any]:
+        storage = job.config.storage_options
+        return {"split": split.index,
+                "newlines": [count_newlines(p, storage) if needs_line_count(p) else None for p in split.pieces]}
+
+    return run_once(job.work, LINES_DONE.split(split.index), compute)
+
+
+def read_split(job: Job, split: Split) -> dict[str, Any]:
+    """One split of the input (the task's own argument), once: ``{"docs": read, "rejected": records rejected}``."""
+    return run_once(job.work, READ_DONE.split(split.index), lambda: _read_split_now(job, split))
+
+
+def _read_split_now(job: Job, split: Split) -> dict[str, Any]:
     """Parse, hash, sign and write the split one ~BATCH_BYTES batch (one row group) at a time, so a task
     holds a batch of documents, not the split; only the slim shuffle columns and one signature per
     distinct text are kept for the whole split."""
+    split_index = split.index
     rejects: list[tuple[Reject, str]] = []
     slims: list[pa.Table] = []
     signed: list[pa.Table] = []
@@ -53,8 +86,8 @@ def _read_split_now(job: Job, split_index: int) -> dict[str, Any]:
     hasher = job.params.hasher()
     ordinal = 0
     with job.work.table_writer(DOCS.file(split_index), DOC_SCHEMA) as writer:
-        for batch in _document_batches(job, split_index, rejects):
-            check_split_rows(ordinal + len(batch), f"split {split_index} ({job.split(split_index).files[0].url}, ...)")
+        for batch in _document_batches(job, split, rejects):
+            check_split_rows(ordinal + len(batch), f"split {split_index} ({split.pieces[0].file.url}, ...)")
             table, signatures = _document_table(split_index, ordinal, batch, hasher, seen)
             writer.write_table(table)
             slims.append(table.select(["content_hash", "key", "id", "length"]))
@@ -75,15 +108,17 @@ def _read_split_now(job: Job, split_index: int) -> dict[str, Any]:
     return {"docs": ordinal, "rejected": sum(r.count for r, _ in rejects)}
 
 
-def _document_batches(job: Job, split_index: int, rejects: list[tuple[Reject, str]]) -> Iterator[list[tuple[Doc, str]]]:
+def _document_batches(job: Job, split: Split, rejects: list[tuple[Reject, str]]) -> Iterator[list[tuple[Doc, str]]]:
     """The split's documents (with the INPUT that named each) in batches of about BATCH_BYTES of text;
-    rejected records go to ``rejects``."""
+    rejected records go to ``rejects``. A document without an id gets one from its file and position,
+    which a cut file gives as a whole one does."""
     config = job.config
     options = ReadOptions(config.text_column, config.id_column, config.max_doc_bytes)
     batch: list[tuple[Doc, str]] = []
     size = 0
-    for item in job.split(split_index).files:
-        for record in read_file(item, options, config.storage_options):
+    for piece in split.pieces:
+        item = piece.file
+        for record in read_piece(piece, options, config.storage_options):
             if isinstance(record, Reject):
                 rejects.append((record, item.origin))
                 continue

@@ -153,7 +153,8 @@ def merge_counts(total: dict[str, Any], part: Mapping[str, Any]) -> dict[str, An
 
 
 def final_stats(totals: dict[str, Any], table: Mapping[str, Any], timings: Mapping[str, float], resumed: list[str],
-                cc: Mapping[str, Any], params: IndexParams, config: DedupConfig, wall: float) -> dict[str, Any]:
+                cc: Mapping[str, Any], params: IndexParams, config: DedupConfig, wall: float,
+                splits: int) -> dict[str, Any]:
     """The statistics a manifest records: the summed split totals, each breakdown's top keys and key
     count from the statistics ``table`` (:func:`run_stats`), and the run's own figures."""
     rejected = dict(totals.get("rejected", {}))
@@ -178,5 +179,6 @@ def final_stats(totals: dict[str, Any], table: Mapping[str, Any], timings: Mappi
         "stage_seconds": dict(timings),
         "resumed_stages": resumed,
         "wall_seconds": round(wall, 3),
+        "splits": splits,  # the splits the input was cut into: one read task each
         "params": {**dataclasses.asdict(params), "against": config.against},
     }

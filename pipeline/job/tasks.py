@@ -3,9 +3,9 @@ split, and Ray tasks that retry when a node dies."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -13,33 +13,47 @@ import pyarrow as pa
 from pipeline.format.signature_index import IndexParams
 from pipeline.job.config import DedupConfig
 from pipeline.job.datasets import BySplit
-from pipeline.job.inputs import KEY_BITS, Split
+from pipeline.job.inputs import KEY_BITS
 from pipeline.job.workdir import WorkDir
+
+Item = TypeVar("Item")
 
 
 @dataclass
 class Job:
-    """The context every task of one run gets: its configuration, parameters, work folder and splits."""
+    """The context every task of one run shares: configuration, parameters, work folder, partitions and
+    the range of split numbers, but no split list (the driver keeps the plan; a read task is sent its
+    own split), so it stays a few KB at any input size. Ray's object store holds it once per run
+    (:meth:`reference`); a task is sent the reference."""
 
-    config: DedupConfig
+    config: DedupConfig  # without its INPUT list (the driver's plan resolved it; tasks never read it)
     params: IndexParams
     work: WorkDir
-    splits: list[Split]  # new input, numbered after the existing index's pseudo-splits
     index_files: list[str]  # --against: one pseudo-split per index file
     fingerprint: str
-
     num_partitions: int
+    num_splits: int  # splits of the new input, numbered after the index files' pseudo-splits
+    _reference: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def split_indices(self) -> list[int]:
-        return [s.index for s in self.splits]
+        return list(range(len(self.index_files), len(self.index_files) + self.num_splits))
 
     @property
     def all_split_indices(self) -> list[int]:
-        return list(range(len(self.index_files))) + self.split_indices
+        return list(range(len(self.index_files) + self.num_splits))
 
-    def split(self, index: int) -> Split:
-        return self.splits[index - len(self.index_files)]
+    def reference(self) -> Any:
+        """This context in Ray's object store, put there on first use: every task of the run is sent
+        the same reference (a few dozen bytes) and Ray hands the task the object."""
+        if self._reference is None:
+            import ray
+
+            self._reference = ray.put(self)
+        return self._reference
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_reference": None}
 
 
 def run_once(work: WorkDir, marker: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -59,18 +73,25 @@ def route_by_split(job: Job, dataset: BySplit, part: int, table: pa.Table, colum
         job.work.write_table(dataset.file(int(split), part), table.filter(pa.array(splits == split)))
 
 
+def task_arguments(arguments: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What a task is sent for ``arguments``: the job context as its object-store reference, the rest as
+    given (a split, a partition number: small)."""
+    return tuple(a.reference() if isinstance(a, Job) else a for a in arguments)
+
+
 def make_runner(ray: Any) -> Callable[..., list[Any]]:
     """Ray tasks for the shuffle reducers: one task per partition, retried when a node dies."""
 
     def run_tasks(function: Callable[..., Any], argument_lists: list[tuple[Any, ...]]) -> list[Any]:
         remote = ray.remote(num_cpus=1, max_retries=5, retry_exceptions=False)(function)
-        return ray.get([remote.remote(*arguments) for arguments in argument_lists])
+        return ray.get([remote.remote(*task_arguments(arguments)) for arguments in argument_lists])
 
     return run_tasks
 
 
-def map_splits(function: Callable[[Job, int], dict[str, Any]], job: Job, indices: list[int]) -> list[dict[str, Any]]:
-    """A per-split stage: one Ray task per split, retried when its node dies.
+def map_splits(function: Callable[[Job, Item], dict[str, Any]], job: Job, items: Sequence[Item]) -> list[dict[str, Any]]:
+    """A per-split stage: one Ray task per item (a split number, or the read stage's own split), retried
+    when its node dies.
 
     Plain tasks rather than Ray Data: each split is one opaque unit whose data goes through the work
     folder, and Ray Data's executor cost 3 s of start-up and two helper actors (~240 MB) per job here
@@ -78,4 +99,4 @@ def map_splits(function: Callable[[Job, int], dict[str, Any]], job: Job, indices
     """
     import ray
 
-    return make_runner(ray)(function, [(job, i) for i in indices]) if indices else []
+    return make_runner(ray)(function, [(job, item) for item in items]) if items else []
