@@ -62,8 +62,6 @@ def render(stats: Mapping[str, Any]) -> str:
         lines += _table(breakdown.replace("_", " "), stats.get(breakdown, {}), key_count(stats, breakdown))
     if "splits" in stats:
         lines.append(f"splits     {stats['splits']:,} (read tasks)")
-    if "splits" in stats:
-        lines.append(f"splits     {stats['splits']:,} (read tasks)")
     seconds = stats.get("stage_seconds", {})
     if seconds:
         lines.append("stages     " + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items())
