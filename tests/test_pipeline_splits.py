@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_pipeline_data import documents
 
+from pipeline.cli import main
 from pipeline.format import Corpus
 from pipeline.job import DedupConfig, run_dedup
 from pipeline.job.inputs import (
@@ -245,8 +246,8 @@ def _rejects(url: str) -> list[tuple]:
     return sorted(zip(*(table[c].to_pylist() for c in ("source", "position", "kind", "count")), strict=True))
 
 
-def test_one_big_file_gives_the_same_corpus_as_many_files_and_any_split_bytes(ray_local: None,
-                                                                               tmp_path: Path) -> None:
+def test_one_big_file_gives_the_same_corpus_as_many_files_and_any_split_bytes(
+        ray_local: None, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     texts = documents(90)
     random.Random(3).shuffle(texts)
     lines = [json.dumps({"id": f"d{i}", "text": t}) for i, t in enumerate(texts)]
@@ -270,6 +271,9 @@ def test_one_big_file_gives_the_same_corpus_as_many_files_and_any_split_bytes(ra
     spread = run(many, "many", 10 * size)
     assert len(plan_splits(resolve_inputs([str(big)]), size // 7)) == cut["splits"] >= 7  # one read task each
     assert (whole["splits"], other["splits"], spread["splits"]) == (1, 3, 1)
+    capsys.readouterr()
+    assert main(["stats", str(tmp_path / "cut"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["splits"] == cut["splits"]  # gristmill stats --json, top level
     everything = ("id", "text", "source", "content_hash", "cluster_id", "cluster_size")
     assert _corpus(str(tmp_path / "cut"), everything) == _corpus(str(tmp_path / "whole"), everything)
     assert _corpus(str(tmp_path / "other"), everything) == _corpus(str(tmp_path / "whole"), everything)
