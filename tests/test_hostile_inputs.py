@@ -450,3 +450,14 @@ def test_a_warc_block_over_the_cap_is_passed_over_unread(scratch: Path, cut: boo
     assert [d.source for d in _docs(out)] == (["http://a.test/0"] if cut else ["http://a.test/0", "http://a.test/2"])
     [reject] = _rejects(out)
     assert reject.kind == ("corrupt" if cut else "over_size_cap") and "block of" in reject.reason
+
+
+@pytest.mark.parametrize("magic", [b"\x28\xb5\x2f\xfd", b"\x1f\x8b\x08\x00"])
+def test_a_jsonl_line_starting_with_a_compressor_magic_costs_only_itself(scratch: Path, magic: bytes) -> None:
+    """A plain .jsonl is taken as named: a hostile first line that looks like a zstd or gzip header
+    is one reject, not a corrupt stream that swallows the good lines after it."""
+    good = [json.dumps({"id": str(i), "text": f"document number {i} with some words"}).encode() + b"\n"
+            for i in range(3)]
+    records = _read(scratch, "a.jsonl", magic + b"garbage\n" + b"".join(good))
+    assert [d.id for d in _docs(records)] == ["0", "1", "2"]
+    assert [r.position for r in _rejects(records)] == ["line 1"]

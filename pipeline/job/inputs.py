@@ -519,11 +519,14 @@ class _ZstdFrames(io.RawIOBase):
 
 def _decompressed(item: InputFile, raw: BinaryIO) -> tuple[BinaryIO, str | None]:
     """The file's bytes, decompressed, and the compression used; a stream that ends early or breaks off
-    raises while it is read. The first bytes can add what the name does not say (a gzipped .warc, as
-    warcio read it)."""
+    raises while it is read. For WARC the first bytes can add what the name does not say (a gzipped
+    .warc, as warcio read it); a JSONL file is taken as named, since a hostile first line may begin
+    with a compressor's magic bytes and must cost only itself."""
     head = raw.read(4)
     raw.seek(0)
-    compression = "gzip" if head.startswith(b"\x1f\x8b") else "zstd" if head == b"\x28\xb5\x2f\xfd" else item.compression
+    compression = item.compression
+    if item.kind == "warc" and compression is None:
+        compression = "gzip" if head.startswith(b"\x1f\x8b") else "zstd" if head == b"\x28\xb5\x2f\xfd" else None
     if compression and not head:  # gzip reads an empty file as empty content; no compressor writes one
         raise EOFError(f"empty file: no {compression} header")
     if compression == "gzip":
