@@ -15,7 +15,7 @@ HELP = "Deduplicate Parquet/JSONL/WARC documents (exact + MinHash) into a sharde
 
 # Command-line options that map one to one onto DedupConfig fields.
 _OPTIONS = ("threshold", "num_perm", "ngram", "bands", "rows", "seed", "text_column", "id_column",
-            "max_doc_bytes", "split_bytes", "num_partitions", "cc_rows_per_task", "removed", "against",
+            "max_doc_bytes", "split_bytes", "num_partitions", "spill_bytes", "cc_rows_per_task", "removed", "against",
             "shard_bytes", "row_group_bytes")
 
 
@@ -39,7 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--id-column", help="field holding the id (default 'id'; generated when absent)")
     parser.add_argument("--max-doc-bytes", type=int, help="reject documents larger than this (default 10 MiB)")
     parser.add_argument("--split-bytes", type=int, help="input bytes per parallel split (default 64 MiB)")
-    parser.add_argument("--num-partitions", type=int, help="hash partitions per shuffle (default: one per 256 MiB of input, 2 to 64)")
+    parser.add_argument("--num-partitions", type=int,
+                        help="partitions of every shuffle (default: about 128 MiB of rows each, no cap)")
+    parser.add_argument("--spill-bytes", type=int,
+                        help="rows a reducer sorts in memory before it spills sorted runs to disk (default 1 GiB)")
     parser.add_argument("--cc-rows-per-task", type=int,
                         help="rows a connected-components task reads, about 170 bytes each (default 4 million)")
     parser.add_argument("--removed", metavar="CORPUS2", help="also write the removed documents here")

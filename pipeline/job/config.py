@@ -32,7 +32,8 @@ class DedupConfig:
     id_column: str = "id"
     max_doc_bytes: int = 10 * 1024 * 1024
     split_bytes: int = 64 * 1024 * 1024
-    num_partitions: int | None = None  # hash partitions per shuffle; default: one per split, 2 to 64
+    num_partitions: int | None = None  # partitions of every shuffle; default: by the rows each carries
+    spill_bytes: int = 1024 * 1024 * 1024  # a reducer sorting more rows than this spills sorted runs to disk
     cc_rows_per_task: int = 4_000_000  # rows a connected-components task reads, ~170 bytes each at its peak
     removed: str | None = None
     against: list[str] = field(default_factory=list)  # earlier corpora; one may be given as a string

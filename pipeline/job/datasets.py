@@ -5,11 +5,13 @@ folder cannot leave a reader looking in the old place, and the whole layout of `
 in one page. Three layouts carry every hand-over between stages:
 
 - :class:`PerSplit`: one Parquet file per split (``docs/s=00003.parquet``).
-- :class:`Shuffled`: the map side of a hash shuffle writes one file per (map task, partition)
-  (``exact_in/p=00001/s=00003.parquet``, with ``WorkDir.write_partitioned``); a reducer reads its
-  partition's folder.
-- :class:`BySplit`: a reducer's rows routed back to the split their key belongs to
-  (``exact_out/s=00003/p=00001.parquet``); a per-split task reads its split's folder.
+- :class:`Shuffled`: every task on the sending side of a shuffle writes one partitioned file
+  (:mod:`pipeline.job.partfile`: its rows sorted by destination, with an index), named after the task
+  (``exact_in/s=00003.part``, with ``WorkDir.write_partitioned``); a receiving task reads its
+  destination's bytes of every file in the folder (``WorkDir.read_partition``). A shuffle writes as
+  many files as it has sending tasks, whatever the number of destinations.
+- :class:`BySplit`: the same, with splits as the destinations: a reducer's rows routed back to the
+  split their key belongs to (``exact_out/p=00001.part``, with ``tasks.route_by_split``).
 
 A :class:`Records` folder holds the completion record of every task of a step (``read/done/s=00003.json``);
 a rerun skips a task whose record exists. The work schemas sit beside the datasets that hold them.
@@ -50,30 +52,19 @@ class PerSplit:
 
 @dataclass(frozen=True)
 class Shuffled:
-    """A hash shuffle: map task ``name`` writes ``folder/p=PPPPP/name.parquet`` for every partition."""
+    """A shuffle: sending task ``name`` writes the partitioned file ``folder/name.part`` (rows sorted by
+    destination partition); a receiving task reads its partition of every file in the folder."""
 
     folder: str
 
-    def file(self, part: int, name: str) -> str:
-        return f"{self.folder}/{partition_name(part)}/{name}.parquet"
-
-    def partition(self, part: int) -> str:
-        """The folder a reducer reads: every map task's rows of partition ``part``."""
-        return f"{self.folder}/{partition_name(part)}"
+    def file(self, name: str) -> str:
+        return f"{self.folder}/{name}.part"
 
 
 @dataclass(frozen=True)
-class BySplit:
-    """A reducer's rows routed to splits: ``folder/s=SSSSS/p=PPPPP.parquet`` from reducer ``p``."""
-
-    folder: str
-
-    def file(self, split: int, part: int) -> str:
-        return f"{self.folder}/{split_name(split)}/{partition_name(part)}.parquet"
-
-    def split(self, split: int) -> str:
-        """The folder a per-split task reads: every reducer's rows of split ``split``."""
-        return f"{self.folder}/{split_name(split)}"
+class BySplit(Shuffled):
+    """A shuffle to splits: reducer ``p`` writes ``folder/p=PPPPP.part`` (rows sorted by the split of
+    their key); a per-split task reads its split of every file."""
 
 
 @dataclass(frozen=True)
@@ -105,21 +96,23 @@ READ_DONE = Records("read/done")
 DOCS = PerSplit("docs")  # DOC_SCHEMA, one row group per read batch
 HASH_SIGNATURES = PerSplit("hash_sigs")  # hash_signature_schema: one signature per distinct content hash
 REJECTS = PerSplit("rejects")  # pipeline.format.REJECT_SCHEMA
-EXACT_IN = Shuffled("exact_in")  # EXACT_SCHEMA, by content hash
-# exact: per partition
+# exact: per split (index files included), then per content-hash partition
+EXACT_MAP_DONE = Records("exact/map")
+EXACT_IN = Shuffled("exact_in")  # EXACT_SCHEMA: a split's best row and row count per content hash, by hash
 EXACT_DONE = Records("exact/done")
-EXACT_OUT = BySplit("exact_out")  # EXACT_OUT_SCHEMA: every member of an exact group, by its own split
-EXACT_BY_REP = BySplit("exact_by_rep")  # EXACT_BY_REP_SCHEMA: the copies, by their survivor's split
+EXACT_OUT = BySplit("exact_out")  # EXACT_OUT_SCHEMA: per duplicated text and split holding it, by split
+EXACT_BY_REP = Shuffled("exact_by_rep")  # EXACT_BY_REP_SCHEMA: splits holding copies, by survivor key
 # sign: per split (read writes the --against pseudo-splits' signatures)
 SIGN_DONE = Records("sign/done")
 SIGNATURES = PerSplit("sigs")  # sig_schema
 BUCKETS_IN = Shuffled("buckets_in")  # BUCKET_SCHEMA, by band hash
-# buckets: per partition
+VERIFY_SIGS = Shuffled("verify_sigs")  # key_signature_schema, by key (with verification)
+# buckets: per band-hash partition
 BUCKETS_DONE = Records("buckets/done")
-VERIFY_IN = BySplit("verify_in")  # CANDIDATE_SCHEMA, by the left key's split
-# verify: per split, two hops
+VERIFY_IN = Shuffled("verify_in")  # CANDIDATE_SCHEMA, by the left key
+# verify: per key partition, two hops
 VERIFY_LEFT_DONE = Records("verify/left")
-VERIFY_RIGHT = BySplit("verify_right")  # verify_right_schema, by the right key's split
+VERIFY_RIGHT = Shuffled("verify_right")  # verify_right_schema, by the right key
 VERIFY_RIGHT_DONE = Records("verify/right")
 
 
@@ -155,8 +148,9 @@ CLUSTERS_DONE = Records("clusters/done")
 CLUSTER_REPS = BySplit("cluster_reps")  # cluster_reps_schema: each cluster's survivor, to every split holding it
 CLUSTER_MEMBERS_DONE = Records("clusters/members")
 CLUSTERS_OUT = PerSplit("clusters_out")  # CLUSTER_OUT_SCHEMA: the split's clustered documents
+CLUSTERED_SURVIVORS = Shuffled("clustered_survivors")  # CLUSTER_OF_SCHEMA: members with exact copies, by key
 EXACT_CLUSTERS_DONE = Records("clusters/exact")
-EXACT_CLUSTERS = BySplit("exact_clusters")  # EXACT_CLUSTER_SCHEMA
+EXACT_CLUSTERS = BySplit("exact_clusters")  # EXACT_CLUSTER_SCHEMA: exact groups' final clusters, by split
 # write: per split
 WRITE_DONE = Records("write/done")
 SPLIT_STATS = PerSplit("stats")  # stats.SPLIT_STATS_SCHEMA, sorted by key hash
@@ -188,10 +182,11 @@ DOC_SCHEMA = pa.schema([
 ])
 EXACT_SCHEMA = pa.schema([
     ("content_hash", pa.string()), ("key", pa.int64()), ("id", pa.string()), ("length", pa.int64()),
-    ("existing", pa.bool_()),
+    ("existing", pa.bool_()), ("count", pa.int64()),
 ])
 EXACT_OUT_SCHEMA = pa.schema([
-    ("key", pa.int64()), ("rep_key", pa.int64()), ("rep_id", pa.string()), ("copies", pa.int64()),
+    ("content_hash", pa.string()), ("key", pa.int64()), ("rep_key", pa.int64()), ("rep_id", pa.string()),
+    ("copies", pa.int64()),
 ])
 BUCKET_SCHEMA = pa.schema([("hash", pa.uint64()), ("key", pa.int64())])
 CANDIDATE_SCHEMA = pa.schema([("left", pa.int64()), ("right", pa.int64())])
@@ -200,11 +195,18 @@ CLUSTER_OUT_SCHEMA = pa.schema([
     ("rep_id", pa.string()), ("similarity", pa.float64()),
 ])
 EXACT_BY_REP_SCHEMA = pa.schema([("key", pa.int64()), ("rep_key", pa.int64())])
-EXACT_CLUSTER_SCHEMA = pa.schema([("key", pa.int64()), ("cluster_id", pa.string()), ("cluster_size", pa.int64())])
+CLUSTER_OF_SCHEMA = pa.schema([("key", pa.int64()), ("cluster_id", pa.string()), ("cluster_size", pa.int64())])
+EXACT_CLUSTER_SCHEMA = EXACT_BY_REP_SCHEMA.append(pa.field("cluster_id", pa.string())).append(
+    pa.field("cluster_size", pa.int64()))
+
+
+def key_signature_schema(num_perm: int) -> pa.Schema:
+    """Signed documents' signatures on their way to verification, by key."""
+    return pa.schema([("key", pa.int64()), ("signature", pa.list_(pa.uint64(), num_perm))])
 
 
 def verify_right_schema(num_perm: int) -> pa.Schema:
-    """Candidate edges on their way to the right key's split, carrying the left key's signature."""
+    """Candidate edges on their way to the right key's partition, carrying the left key's signature."""
     return CANDIDATE_SCHEMA.append(pa.field("left_signature", pa.list_(pa.uint64(), num_perm)))
 
 

@@ -41,9 +41,10 @@ from pipeline.job.datasets import (
     rejects_file,
     stage_record,
 )
-from pipeline.job.exact import exact_partition
-from pipeline.job.inputs import KEY_BITS, plan_splits, resolve_inputs
+from pipeline.job.exact import run_exact
+from pipeline.job.inputs import plan_splits, resolve_inputs
 from pipeline.job.keys import check_split_count
+from pipeline.job.partitions import partitions_for
 from pipeline.job.plan import against_index_files, claim_folders, job_fingerprint
 from pipeline.job.read import read_index_split, run_read
 from pipeline.job.sign import sign_split
@@ -56,13 +57,11 @@ from pipeline.job.write import write_split
 log = logging.getLogger("gristmill.dedup")
 
 STAGES = ("read", "exact", "sign", "buckets", "verify", "cc", "clusters", "write", "stats")
-CC_ROWS_PER_PARTITION = 8_000_000  # band rows (documents x bands) per connected-components partition
 # Arrow's mimalloc pool kept ~60 MB per worker of freed pages after each split; purging them at once
 # costs ~6% more CPU in the stages. (Arrow's system pool with glibc's mmap threshold fixed kept ~110 MB
 # less, but page faults on every fresh buffer cost ~30% more CPU; docs/PIPELINE.md, memory.) Set for
 # the local Ray the job starts; deploy/Dockerfile sets it for clusters.
 WORKER_ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "0"}
-PARTITION_INPUT_BYTES = 256 * 1024 * 1024  # input per shuffle partition (by default)
 
 
 def job_stages(config: DedupConfig) -> tuple[str, ...]:
@@ -86,10 +85,6 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     files = resolve_inputs(config.inputs, config.storage_options)
     index_files = against_index_files(config, params) if config.against else []
     splits = plan_splits(files, config.split_bytes, first_index=len(index_files))
-    # Shuffles carry ~100 bytes per document, not text: size them by input bytes, not by splits (one
-    # partition per split made splits x partitions tiny files, about a millisecond of CPU each).
-    input_bytes = sum(s.bytes for s in splits)
-    partitions = config.num_partitions or max(2, min(64, -(-input_bytes // PARTITION_INPUT_BYTES) + len(index_files)))
     check_split_count(len(splits), len(index_files))
     fingerprint = job_fingerprint(config, params, splits, index_files)  # names the output files
     finished = claim_folders(config, files, fingerprint)
@@ -102,15 +97,14 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     work = WorkDir(posixpath.join(config.output.rstrip("/"), WORK_FOLDER), config.storage_options)
     previous = work.read_json(JOB_RECORD)
     # the shuffles and the components' rounds depend on these too
-    identity = {"fingerprint": fingerprint, "partitions": partitions, "cc_rows": config.cc_rows_per_task}
+    identity = {"fingerprint": fingerprint, "partitions": config.num_partitions, "cc_rows": config.cc_rows_per_task}
     if previous is not None and previous != identity:
         log.info("work folder %s belongs to a different job; starting afresh", work.url)
         work.remove("")
     work.write_json(JOB_RECORD, identity)
     # the context every task shares: without the plan (a read task is sent its own split) and without
     # the INPUT list, which can name as many files as the plan
-    job = Job(dataclasses.replace(config, inputs=[]), params, work, index_files, fingerprint, partitions,
-              len(splits))
+    job = Job(dataclasses.replace(config, inputs=[]), params, work, index_files, fingerprint, len(splits))
 
     if not ray.is_initialized():
         # RAY_ADDRESS (set by `ray job submit`) joins that cluster; otherwise start a private local Ray
@@ -140,19 +134,24 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
             on_stage(name)
         return result
 
-    parts = list(range(job.num_partitions))
-    stage("read", lambda: map_splits(read_index_split, job, list(range(len(index_files)))) + run_read(job, splits))
-    stage("exact", lambda: run_tasks(exact_partition, [(job, p) for p in parts]))
-    signed = sum(r["signed"] for r in stage("sign", lambda: map_splits(sign_split, job, job.split_indices)))
-    # Edges are few next to documents: size the components' partitions by the band rows they can come
-    # from, so small jobs do not pay for many tiny tasks per round (the labels do not depend on it).
-    cc_parts = max(1, min(job.num_partitions, -(-signed * params.bands // CC_ROWS_PER_PARTITION)))
-    buckets = stage("buckets", lambda: run_tasks(bucket_partition, [(job, p, cc_parts) for p in parts]))
+    read = stage("read", lambda: map_splits(read_index_split, job, list(range(len(index_files))))
+                 + run_read(job, splits))
+    parts = partitions_for(sum(r["docs"] for r in read), params, config.num_partitions)  # follow the rows
+    stage("exact", lambda: run_exact(job, parts.exact, run_tasks))
+    signing = stage("sign", lambda: map_splits(lambda j, i: sign_split(j, i, parts), job, job.all_split_indices))
+    # connected components' first round is cut by a bound on its edges: a bucket of m rows gives m - 1
+    fine = components.first_fine(sum(r["signed"] for r in signing) * params.bands, config.cc_rows_per_task)
+    buckets = stage("buckets", lambda: run_tasks(bucket_partition, [(job, p, parts.verify, fine)
+                                                                     for p in range(parts.buckets)]))
     edges = {"candidates": sum(r["edges"] for r in buckets)}
+    seeded, linked = sum(r["seeded"] for r in buckets), edges["candidates"]
     if params.verify:
-        edges = stage("verify", lambda: run_verify(job, cc_parts))
-    cc = stage("cc", lambda: components.connected_components(work, cc_parts, run_tasks, KEY_BITS))
-    stage("clusters", lambda: run_clusters(job, run_tasks))
+        fine = components.first_fine(edges["candidates"], config.cc_rows_per_task)
+        verified = stage("verify", lambda: run_verify(job, parts.verify, fine, run_tasks))
+        edges = {"candidates": verified["candidates"], "verified": verified["verified"]}
+        seeded, linked = verified["seeded"], verified["verified"]
+    cc = stage("cc", lambda: components.connected_components(job, seeded, linked, fine, run_tasks))
+    stage("clusters", lambda: run_clusters(job, run_tasks, parts))
     written = stage("write", lambda: map_splits(write_split, job, job.split_indices))
     table = stage("stats", lambda: run_stats(job, sum(r["stats_rows"] for r in written), run_tasks))
 

@@ -1,8 +1,8 @@
 """Stage ``read``, per split: parse the input, reject bad records, normalise and hash each document,
-sign each content hash new to the split, write the documents; the map side of the exact shuffle.
+sign each content hash new to the split, write the documents.
 
-An ``--against`` index file enters as a pseudo-split: its rows join the exact and band shuffles with
-the signatures they already have.
+An ``--against`` index file enters as a pseudo-split: its rows, with the signatures they already
+have, join the exact and band shuffles (from ``sigs/``, as a signed split's do).
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.format import REJECT_SCHEMA, index_schema, open_fs
-from pipeline.format.signature_index import fixed_list, list_matrix
-from pipeline.job.buckets import shuffle_bands
+from pipeline.format.signature_index import fixed_list
 from pipeline.job.datasets import (
     DOC_SCHEMA,
     DOCS,
-    EXACT_SCHEMA,
     HASH_SIGNATURES,
     LINES_DONE,
     READ_DONE,
@@ -28,7 +26,6 @@ from pipeline.job.datasets import (
     hash_signature_schema,
     sig_schema,
 )
-from pipeline.job.exact import shuffle_exact
 from pipeline.job.inputs import (
     KEY_BITS,
     Doc,
@@ -76,11 +73,10 @@ def read_split(job: Job, split: Split) -> dict[str, Any]:
 
 def _read_split_now(job: Job, split: Split) -> dict[str, Any]:
     """Parse, hash, sign and write the split one ~BATCH_BYTES batch (one row group) at a time, so a task
-    holds a batch of documents, not the split; only the slim shuffle columns and one signature per
-    distinct text are kept for the whole split."""
+    holds a batch of documents, not the split; only one signature per distinct text is kept for the
+    whole split."""
     split_index = split.index
     rejects: list[tuple[Reject, str]] = []
-    slims: list[pa.Table] = []
     signed: list[pa.Table] = []
     seen: set[str] = set()  # content hashes of the split already signed
     hasher = job.params.hasher()
@@ -90,14 +86,11 @@ def _read_split_now(job: Job, split: Split) -> dict[str, Any]:
             check_split_rows(ordinal + len(batch), f"split {split_index} ({split.pieces[0].file.url}, ...)")
             table, signatures = _document_table(split_index, ordinal, batch, hasher, seen)
             writer.write_table(table)
-            slims.append(table.select(["content_hash", "key", "id", "length"]))
             signed.append(signatures)
             ordinal += table.num_rows
-    slim = pa.concat_tables(slims) if slims else EXACT_SCHEMA.empty_table().select(["content_hash", "key", "id", "length"])
     hash_schema = hash_signature_schema(job.params.num_perm)
     job.work.write_table(HASH_SIGNATURES.file(split_index),
                          pa.concat_tables(signed) if signed else hash_schema.empty_table())
-    shuffle_exact(job, split_index, slim, existing=False)
     reject_table = pa.table({
         "source": [r.source for r, _ in rejects], "position": [r.position for r, _ in rejects],
         "kind": [r.kind for r, _ in rejects], "reason": [r.reason for r, _ in rejects],
@@ -172,15 +165,12 @@ def _document_table(split_index: int, first: int, batch: list[tuple[Doc, str]], 
 
 
 def read_index_split(job: Job, split_index: int) -> dict[str, Any]:
-    """--against: an existing corpus's index file enters the exact and band shuffles as a pseudo-split."""
+    """--against: an existing corpus's index file as a pseudo-split's signed documents (``sigs/``)."""
 
     def compute() -> dict[str, Any]:
         index = read_index_file(job, job.index_files[split_index])
         check_split_rows(index.num_rows, f"--against index file {job.index_files[split_index]}")
         keys = (np.int64(split_index) << np.int64(KEY_BITS)) + np.arange(index.num_rows, dtype=np.int64)
-        slim = pa.table({"content_hash": index["content_hash"], "key": pa.array(keys, pa.int64()),
-                         "id": index["id"], "length": index["length"]})
-        shuffle_exact(job, split_index, slim, existing=True)
         sigs = pa.table({
             "key": pa.array(keys, pa.int64()), "id": index["id"], "content_hash": index["content_hash"],
             "length": index["length"], "copies": pa.array(np.ones(index.num_rows, np.int64)),
@@ -188,7 +178,6 @@ def read_index_split(job: Job, split_index: int) -> dict[str, Any]:
             "bands": index["bands"],
         }, schema=sig_schema(job.params.num_perm, job.params.bands))
         job.work.write_table(SIGNATURES.file(split_index), sigs)
-        shuffle_bands(job, split_index, keys, list_matrix(index["bands"], job.params.bands))
         return {"docs": index.num_rows}
 
     return run_once(job.work, READ_DONE.split(split_index), compute)

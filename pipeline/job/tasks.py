@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from pipeline.format.signature_index import IndexParams
 from pipeline.job.config import DedupConfig
-from pipeline.job.datasets import BySplit
+from pipeline.job.datasets import BySplit, partition_name
 from pipeline.job.inputs import KEY_BITS
 from pipeline.job.workdir import WorkDir
 
@@ -21,8 +21,8 @@ Item = TypeVar("Item")
 
 @dataclass
 class Job:
-    """The context every task of one run shares: configuration, parameters, work folder, partitions and
-    the range of split numbers, but no split list (the driver keeps the plan; a read task is sent its
+    """The context every task of one run shares: configuration, parameters, work folder and the range
+    of split numbers, but no split list (the driver keeps the plan; a read task is sent its
     own split), so it stays a few KB at any input size. Ray's object store holds it once per run
     (:meth:`reference`); a task is sent the reference."""
 
@@ -31,7 +31,6 @@ class Job:
     work: WorkDir
     index_files: list[str]  # --against: one pseudo-split per index file
     fingerprint: str
-    num_partitions: int
     num_splits: int  # splits of the new input, numbered after the index files' pseudo-splits
     _reference: Any = field(default=None, init=False, repr=False, compare=False)
 
@@ -67,10 +66,10 @@ def run_once(work: WorkDir, marker: str, compute: Callable[[], dict[str, Any]]) 
 
 
 def route_by_split(job: Job, dataset: BySplit, part: int, table: pa.Table, column: str = "key") -> None:
-    """A reducer's rows back to the split of the key in ``column``: ``dataset.file(split, part)``."""
+    """Reducer ``part``'s rows to the split of the key in ``column``, in one partitioned file whatever
+    the number of splits (``dataset.file("p=PPPPP")``)."""
     splits = table[column].to_numpy() >> KEY_BITS if table.num_rows else np.zeros(0, np.int64)
-    for split in np.unique(splits):
-        job.work.write_table(dataset.file(int(split), part), table.filter(pa.array(splits == split)))
+    job.work.write_partitioned(dataset, partition_name(part), table, splits)
 
 
 def task_arguments(arguments: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -1,78 +1,109 @@
 """Stage ``verify`` (unless ``--no-verify``): each candidate edge joined with its two documents'
-signatures in two per-split hops (by the left key's split, then the right key's); only edges whose
-estimated Jaccard reaches the threshold enter connected components."""
+signatures; only edges whose estimated Jaccard reaches the threshold enter connected components.
+
+Signatures and edges meet by key partition, never by split: ``sign`` sends every signed document's
+signature to the partition of its key (``verify_sigs``), ``buckets`` sends each edge to the partition
+of its left key (``verify_in``). Hop 1, per key partition: edges get their left signature and go on
+to the partition of their right key (``verify_right``); hop 2: the right signature, the estimate, and
+the kept edges to connected components. Each hop writes one file per task: S + P files per shuffle,
+where routing by (left split, right split) made up to S x S. A task holds its partition's signatures
+and one sending task's edges at a time.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.format.signature_index import list_matrix
-from pipeline.job import components
+from pipeline.job.buckets import EdgeSender
 from pipeline.job.config import DedupError
 from pipeline.job.datasets import (
-    CANDIDATE_SCHEMA,
-    SIGNATURES,
     VERIFY_IN,
     VERIFY_LEFT_DONE,
     VERIFY_RIGHT,
     VERIFY_RIGHT_DONE,
-    cc_edges,
+    VERIFY_SIGS,
     edges_from,
-    verify_right_schema,
+    key_signature_schema,
+    partition_name,
+    split_name,
 )
-from pipeline.job.tasks import Job, map_splits, route_by_split, run_once
+from pipeline.job.tasks import Job, run_once
+from pipeline.job.workdir import partition_of
 
 
-def _signatures_of(job: Job, split_index: int, keys: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """The signatures of ``keys`` (all of one split's signed documents), in the order of ``keys``."""
-    sigs = job.work.read_table(SIGNATURES.file(split_index), ["key", "signature"])
-    where = pc.index_in(keys, value_set=sigs["key"].combine_chunks())
-    if where.null_count:
-        raise DedupError(f"split {split_index}: a candidate edge names a document without a signature")
-    column = sigs["signature"].take(where)
-    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+def shuffle_signatures(job: Job, split_index: int, sigs: pa.Table, partitions: int) -> None:
+    """The sending side: a split's (key, signature) rows to the partition of their key."""
+    table = sigs.select(["key", "signature"])
+    job.work.write_partitioned(VERIFY_SIGS, split_name(split_index), table,
+                               partition_of(table["key"].to_numpy(), partitions), partitions)
 
 
-def _verify_left(job: Job, split_index: int) -> dict[str, Any]:
-    """Hop 1: candidate edges whose left key is in this split get its signature, then go to the right key's split."""
+class _Signatures:
+    """The signatures of one key partition, looked up by key."""
+
+    def __init__(self, job: Job, part: int) -> None:
+        table = job.work.read_partition(VERIFY_SIGS, part, key_signature_schema(job.params.num_perm))
+        self.keys = table["key"].combine_chunks()
+        self.signatures = table["signature"].combine_chunks()
+        self.part = part
+
+    def of(self, keys: pa.ChunkedArray | pa.Array) -> pa.Array:
+        where = pc.index_in(keys, value_set=self.keys)
+        if where.null_count:
+            raise DedupError(f"key partition {self.part}: a candidate edge names a document without a signature")
+        return self.signatures.take(where)
+
+
+def _verify_left(job: Job, part: int, partitions: int) -> dict[str, Any]:
+    """Hop 1: edges whose left key is in this partition get its signature, then go to the right key's."""
 
     def compute() -> dict[str, Any]:
-        edges = job.work.read_folder(VERIFY_IN.split(split_index), CANDIDATE_SCHEMA)
-        edges = edges.sort_by([("left", "ascending"), ("right", "ascending")])
-        edges = edges.append_column("left_signature", _signatures_of(job, split_index, edges["left"]))
-        route_by_split(job, VERIFY_RIGHT, split_index, edges, "right")
-        return {"candidates": edges.num_rows}
+        signatures = _Signatures(job, part)
+        candidates = 0
+        with job.work.partitioned_writer(VERIFY_RIGHT, partition_name(part), partitions,
+                                         job.config.spill_bytes) as out:
+            for edges in job.work.partition_tables(VERIFY_IN, part):
+                edges = edges.append_column("left_signature", signatures.of(edges["left"]))
+                out.write(edges, partition_of(edges["right"].to_numpy(), partitions))
+                candidates += edges.num_rows
+        return {"candidates": candidates}
 
-    return run_once(job.work, VERIFY_LEFT_DONE.split(split_index), compute)
+    return run_once(job.work, VERIFY_LEFT_DONE.partition(part), compute)
 
 
-def _verify_right(job: Job, split_index: int, cc_partitions: int) -> dict[str, Any]:
-    """Hop 2: the right key's signature; edges at or above the threshold enter connected components."""
+def _verify_right(job: Job, part: int, cc_fine: int) -> dict[str, Any]:
+    """Hop 2: the right key's signature; edges at or above the threshold are seeded into connected
+    components (``cc_fine`` hash ranges)."""
 
     def compute() -> dict[str, Any]:
         from dedup.lsh import estimated_jaccard
 
         num_perm = job.params.num_perm
-        edges = job.work.read_folder(VERIFY_RIGHT.split(split_index), verify_right_schema(num_perm))
-        left, right = edges["left"].to_numpy(), edges["right"].to_numpy()
-        if edges.num_rows:
+        signatures = _Signatures(job, part)
+        sender = EdgeSender(job, edges_from(part), cc_fine)
+        candidates, kept = 0, 0
+        for edges in job.work.partition_tables(VERIFY_RIGHT, part):
             similar = estimated_jaccard(list_matrix(edges["left_signature"], num_perm),
-                                        list_matrix(_signatures_of(job, split_index, edges["right"]), num_perm))
+                                        list_matrix(signatures.of(edges["right"]), num_perm))
             close = similar >= job.params.threshold  # the test dedup.verify_edges applies
-            left, right = left[close], right[close]
-        components.write_edges(job.work, cc_edges(0), edges_from(split_index), left, right,
-                               components.round_op(0), cc_partitions)
-        return {"candidates": edges.num_rows, "edges": int(left.size)}
+            sender.add(edges["left"].to_numpy()[close], edges["right"].to_numpy()[close])
+            candidates, kept = candidates + edges.num_rows, kept + int(np.count_nonzero(close))
+        return {"candidates": candidates, "edges": kept, "seeded": sender.close()}
 
-    return run_once(job.work, VERIFY_RIGHT_DONE.split(split_index), compute)
+    return run_once(job.work, VERIFY_RIGHT_DONE.partition(part), compute)
 
 
-def run_verify(job: Job, cc_partitions: int) -> dict[str, int]:
-    """The stage: both hops over every split; the candidate and verified edge counts."""
-    indices = job.all_split_indices  # --against pseudo-splits hold signatures too
-    map_splits(_verify_left, job, indices)
-    records = map_splits(lambda j, i: _verify_right(j, i, cc_partitions), job, indices)
-    return {"candidates": sum(r["candidates"] for r in records), "verified": sum(r["edges"] for r in records)}
+def run_verify(job: Job, partitions: int, cc_fine: int, run_tasks: Callable[..., list[Any]]) -> dict[str, int]:
+    """The stage: both hops over every key partition; the candidate and verified edge counts and the
+    rows seeded into connected components."""
+    indices = range(partitions)
+    run_tasks(_verify_left, [(job, p, partitions) for p in indices])
+    records = run_tasks(_verify_right, [(job, p, cc_fine) for p in indices])
+    return {name: sum(r[key] for r in records)
+            for name, key in (("candidates", "candidates"), ("verified", "edges"), ("seeded", "seeded"))}

@@ -1,4 +1,4 @@
-"""The dedup job's work folder: atomic Parquet files, hash-partitioned shuffle files, completion records.
+"""The dedup job's work folder: atomic Parquet files, partitioned shuffle files, completion records.
 
 Everything a stage produces lands here before the next stage reads it, so a rerun after a crash
 skips what is finished (a task's record exists) and redoes only the rest. Files are written under a
@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from pipeline.format import open_fs
 from pipeline.job.datasets import Shuffled
+from pipeline.job.partfile import PartitionedWriter, read_destination
 
 
 class WorkDir:
@@ -88,36 +89,42 @@ class WorkDir:
         with self.fs.open(self.path(relative), "rb") as handle:
             return pq.read_table(handle, columns=columns)
 
-    def read_folder(self, relative: str, schema: pa.Schema) -> pa.Table:
-        """Every finished ``*.parquet`` in a folder, in name order; an empty table when there is none."""
-        folder = self.path(relative)
-        files = sorted(self.fs.glob(posixpath.join(folder, "*.parquet")))
-        tables = []
-        for name in files:
-            with self.fs.open(name, "rb") as handle:
-                tables.append(pq.read_table(handle, schema=schema))
-        return pa.concat_tables(tables) if tables else schema.empty_table()
-
     def remove(self, relative: str) -> None:
         target = self.path(relative)
         if self.fs.exists(target):
             self.fs.rm(target, recursive=True)
 
-    # -- shuffles --------------------------------------------------------------------------------
-    def write_partitioned(self, dataset: Shuffled, name: str, table: pa.Table, partition: np.ndarray,
-                          num_partitions: int) -> None:
-        """The map side of a shuffle: rows go to ``dataset.file(part, name)`` by their partition number.
+    # -- shuffles: partitioned files (pipeline.job.partfile) ------------------------------------------
+    @contextlib.contextmanager
+    def partitioned_writer(self, dataset: Shuffled, name: str, destinations: int | None = None,
+                           budget_bytes: int | None = None) -> Iterator[PartitionedWriter]:
+        """The sending side of a shuffle, a batch at a time: ``dataset.file(name)``, published atomically
+        when the block ends; past ``budget_bytes`` of buffered rows it writes a run (None: never)."""
+        with self._atomic(dataset.file(name)) as handle:
+            writer = PartitionedWriter(handle, destinations, budget_bytes)
+            yield writer
+            writer.close()
 
-        Every partition gets a file (possibly empty), so a reducer knows its input is complete when
-        the map task's completion record exists.
+    def write_partitioned(self, dataset: Shuffled, name: str, table: pa.Table, destination: np.ndarray,
+                          destinations: int | None = None) -> None:
+        """The sending side of a shuffle in one go: row i of ``table`` goes to ``destination[i]``.
+
+        The file is written even without rows, so a receiver knows the sender's part is complete when
+        the sender's completion record exists.
         """
-        order = np.argsort(partition, kind="stable")
-        counts = np.bincount(partition, minlength=num_partitions)
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        ordered = table.take(pa.array(order)) if table.num_rows else table
-        for part in range(num_partitions):
-            chunk = ordered.slice(int(bounds[part]), int(counts[part]))
-            self.write_table(dataset.file(part, name), chunk)
+        with self.partitioned_writer(dataset, name, destinations) as writer:
+            writer.write(table, destination)
+
+    def partition_tables(self, dataset: Shuffled, destination: int) -> Iterator[pa.Table]:
+        """The receiving side, a segment at a time: ``destination``'s rows of every finished file of the
+        dataset, in file-name order (for a shuffle out of splits: key order)."""
+        for path in sorted(self.fs.glob(self.path(dataset.file("*")))):
+            yield from read_destination(self.fs, path, destination)
+
+    def read_partition(self, dataset: Shuffled, destination: int, schema: pa.Schema) -> pa.Table:
+        """All of ``destination``'s rows of a shuffle; an empty table of ``schema`` when there are none."""
+        tables = list(self.partition_tables(dataset, destination))
+        return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def partition_of(keys: np.ndarray, num_partitions: int) -> np.ndarray:

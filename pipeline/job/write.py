@@ -16,12 +16,11 @@ from pipeline.job.datasets import (
     DOCS,
     EXACT_CLUSTER_SCHEMA,
     EXACT_CLUSTERS,
-    EXACT_OUT,
-    EXACT_OUT_SCHEMA,
     SIGNATURES,
     WRITE_DONE,
     index_file,
 )
+from pipeline.job.exact import exact_of
 from pipeline.job.stats import split_stats
 from pipeline.job.tasks import Job, run_once
 from pipeline.job.workdir import WorkDir
@@ -35,8 +34,8 @@ def write_split(job: Job, split_index: int) -> dict[str, Any]:
 def _write_split_now(job: Job, split_index: int) -> dict[str, Any]:
     config = job.config
     docs_file = DOCS.file(split_index)
-    docs = job.work.read_table(docs_file, ["key", "id", "origin", "domain", "language"])  # no text
-    exact = job.work.read_folder(EXACT_OUT.split(split_index), EXACT_OUT_SCHEMA)
+    docs = job.work.read_table(docs_file, ["key", "id", "content_hash", "origin", "domain", "language"])  # no text
+    exact = exact_of(job, split_index, docs["content_hash"])
     clusters = job.work.read_table(CLUSTERS_OUT.file(split_index))
     n = docs.num_rows
     keys = docs["key"].to_numpy()
@@ -47,16 +46,15 @@ def _write_split_now(job: Job, split_index: int) -> dict[str, Any]:
     duplicate_of: list[str | None] = [None] * n
     similarity = np.full(n, np.nan)
 
-    exact_pos = _positions(keys, exact["key"].to_numpy())
-    rep_keys = exact["rep_key"].to_numpy()
+    # the exact group, unless a near cluster holds its survivor (below)
+    member = exact["rep_key"].is_valid().to_numpy(zero_copy_only=False)
+    cluster_size[member] = exact["copies"].drop_null().to_numpy()
+    copy = member & (pc.fill_null(exact["rep_key"], -1).to_numpy() != keys)
     rep_ids = exact["rep_id"].to_pylist()
-    copies = exact["copies"].to_numpy()
-    for row, pos in enumerate(exact_pos):
-        cluster_size[pos] = copies[row]  # the exact group, unless a near cluster holds its survivor (below)
-        if rep_keys[row] != keys[pos]:
-            status[pos] = 1
-            duplicate_of[pos] = cluster_id[pos] = rep_ids[row]
-            similarity[pos] = 1.0
+    status[copy] = 1
+    similarity[copy] = 1.0
+    for pos in np.flatnonzero(copy):
+        duplicate_of[pos] = cluster_id[pos] = rep_ids[pos]
     cluster_pos = _positions(keys, clusters["key"].to_numpy())
     c_rep = clusters["rep_key"].to_numpy()
     c_id = clusters["cluster_id"].to_pylist()
@@ -72,12 +70,14 @@ def _write_split_now(job: Job, split_index: int) -> dict[str, Any]:
             similarity[pos] = c_sim[row]
     # exact copies whose survivor is in a near cluster: that cluster's representative and size
     # (duplicate_of stays the exact twin, the document the copy's text is identical to)
-    resolved = job.work.read_folder(EXACT_CLUSTERS.split(split_index), EXACT_CLUSTER_SCHEMA)
+    resolved = job.work.read_partition(EXACT_CLUSTERS, split_index, EXACT_CLUSTER_SCHEMA)
+    found = pc.index_in(exact["rep_key"], value_set=resolved["rep_key"].combine_chunks())
+    row = pc.fill_null(found, 0).to_numpy()
+    final = copy & found.is_valid().to_numpy(zero_copy_only=False)
+    cluster_size[final] = resolved["cluster_size"].to_numpy()[row[final]]
     resolved_ids = resolved["cluster_id"].to_pylist()
-    resolved_sizes = resolved["cluster_size"].to_numpy()
-    for row, pos in enumerate(_positions(keys, resolved["key"].to_numpy())):
-        cluster_id[pos] = resolved_ids[row]
-        cluster_size[pos] = resolved_sizes[row]
+    for pos in np.flatnonzero(final):
+        cluster_id[pos] = resolved_ids[row[pos]]
 
     kept_mask = status == 0
 
