@@ -26,7 +26,8 @@ measures its whole process tree (driver, Ray's daemons and workers; benchmarks/p
 counts the files under OUTPUT/_work, reads ``gristmill stats --json`` for the connected-components
 rounds and the read splits, then deletes the output. ``--datatrove`` also runs datatrove's MinHash
 pipeline (benchmarks/pipeline_e2e.py, same settings: word 5-grams, 14 bands x 8 rows, 2 workers) on
-one size in the same run. Medians over ``--runs``. The driver runs in .venv-bench (psutil, datatrove):
+one size in the same run, once (it takes ~2,000 CPU s per GB). Medians over ``--runs``. The driver
+runs in .venv-bench (psutil, datatrove):
 
     make bench-env
     .venv-bench/bin/python benchmarks/pipeline_scale.py generate --sizes 0.3,1,3,10
@@ -474,7 +475,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes that generate")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--datatrove", type=float, nargs="?", const=1.0, metavar="GB",
-                        help="also run datatrove on this size (default 1 GB when given bare)")
+                        help="also run datatrove on this size (default 1 GB when given bare), in the first "
+                             "run only: it takes ~2,000 CPU s per GB")
     args = parser.parse_args()
     sizes = [float(size) for size in args.sizes.split(",")]
     if args.datatrove is not None and (args.datatrove not in sizes or args.zst):
@@ -495,7 +497,7 @@ def main() -> None:
     results = []
     for run in range(args.runs):
         for size in sizes:
-            tools = ["gristmill"] + (["datatrove"] if args.datatrove == size else [])
+            tools = ["gristmill"] + (["datatrove"] if args.datatrove == size and run == 0 else [])
             for tool in tools:
                 result = run_one(tool, size, generated[size]["folder"], run, args.data)
                 results.append(result)
