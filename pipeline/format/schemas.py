@@ -64,6 +64,11 @@ RAW_CRAWL_SCHEMA = pa.schema(
 )
 
 
+# A signature index file's band file: every (band hash, row of its document in the index file),
+# sorted by band hash, so a later run reads only the row groups that can hold its own band hashes.
+INDEX_BANDS_SCHEMA = pa.schema([("hash", pa.uint64()), ("row", pa.uint32())])
+
+
 def index_schema(num_perm: int, bands: int) -> pa.Schema:
     """A signature index file: one row per kept document, its MinHash signature and band hashes."""
     return pa.schema([

@@ -3,13 +3,21 @@
 ``gristmill dedup`` writes it beside every corpus, ``gristmill dedup --against`` reads it back and
 ``gristmill serve`` loads it: Parquet files under ``_index/`` with one row per kept document (``id``,
 ``content_hash``, ``length``, ``signature``, ``bands``; :func:`pipeline.format.schemas.index_schema`)
-and, in the corpus manifest, ``extra.signature_index = {"files": [...], "params": {num_perm, ngram,
-bands, rows, seed, threshold, verify}}`` (``verify``: whether the job checked candidate edges against
+and, in the corpus manifest, ``extra.signature_index = {"files": [...], "band_files": [...],
+"params": {num_perm, ngram, bands, rows, seed, threshold, verify}}`` (``verify``: whether the job
+checked candidate edges against
 the threshold, which also chose recall-leaning bands; indexes written before it existed lack it and
 read as ``False``). The service always checks candidates against the threshold, whatever the index
 says; ``verify`` only records how the bands were chosen, so an exported index and a later
 ``gristmill dedup --against`` agree. A corpus written by :func:`write_index` has no shards, only that
 index, which is what ``--against`` reads.
+
+Sorted for partial reads (:func:`write_index_files`): an index file's rows are sorted by content hash
+in row groups of ``INDEX_GROUP_ROWS``, and beside it a band file (``band_files``, the same position
+in its list; ``INDEX_BANDS_SCHEMA``) holds every (band hash, row) sorted by band hash. A later
+``--against`` run then reads, through the row groups' min/max statistics, only the groups that can
+hold its own documents' content or band hashes and the rows they match, instead of the whole index
+(``pipeline.format.sorted_parquet``). Indexes written before band files list none and are read whole.
 """
 
 from __future__ import annotations
@@ -33,14 +41,21 @@ from pipeline.format.manifest import (
     write_manifest,
 )
 from pipeline.format.reader import Corpus
-from pipeline.format.schemas import CORPUS_SCHEMA, index_schema
+from pipeline.format.schemas import CORPUS_SCHEMA, INDEX_BANDS_SCHEMA, index_schema
+from pipeline.format.sorted_parquet import write_sorted
 from pipeline.format.storage import open_fs
 
-__all__ = ["EXPORT_KIND", "INDEX_FOLDER", "IndexParams", "ParamsError", "SignatureTable", "check_export_folder",
-           "fixed_list", "list_matrix", "load_index", "params_for", "params_from_dict", "params_to_dict",
-           "write_index"]
+__all__ = ["EXPORT_KIND", "INDEX_FOLDER", "IndexFile", "IndexParams", "ParamsError", "SignatureTable", "check_export_folder",
+           "fixed_list", "list_matrix", "listed_index_files", "load_index", "params_for", "params_from_dict",
+           "params_to_dict", "write_index", "write_index_files"]
 
 INDEX_FOLDER = "_index"
+# Row groups are what a later run reads to reach one row: small enough that the documents a run needs
+# do not drag whole files in, large enough that a ranged read is worth its round trip and the footer
+# (every reader's first read) stays small.
+INDEX_GROUP_ROWS = 128  # documents per row group of an index file: ~150 KB at 128 permutations
+BAND_GROUP_ROWS = 8192  # (band hash, row) rows per row group of a band file: ~100 KB
+MAX_INDEX_ROWS = 1 << 32  # documents of one index file: a band file names a document by a uint32 row
 EXPORT_KIND = "service-export"  # ``extra.kind`` of what ``gristmill serve --export`` writes
 
 
@@ -132,6 +147,53 @@ class SignatureTable:
         )
 
 
+@dataclass(frozen=True)
+class IndexFile:
+    """One index file of a corpus (a URL) and its band file (None: an index written before band files)."""
+
+    url: str
+    bands_url: str | None = None
+
+
+def listed_index_files(corpus: Corpus) -> list[IndexFile]:
+    """The index files a corpus's manifest lists, with their band files, each path checked to stay
+    inside the corpus folder; CorpusError when there is no index or the lists do not pair up."""
+    index = corpus.manifest.extra.get("signature_index")
+    files = index.get("files") if isinstance(index, Mapping) else None
+    if not isinstance(files, list):
+        raise CorpusError(f"{corpus.url}: the manifest's signature index lists no files")
+    paths = [corpus.member_path(name, "signature index file") for name in files]
+    bands = index.get("band_files")
+    if bands is None:
+        return [IndexFile(path) for path in paths]
+    if not isinstance(bands, list) or len(bands) != len(files):
+        raise CorpusError(f"{corpus.url}: the manifest's signature index lists {len(files)} files but "
+                          f"{len(bands) if isinstance(bands, list) else 'no list of'} band files")
+    return [IndexFile(path, corpus.member_path(name, "signature index band file")) for path, name in zip(
+        paths, bands, strict=True)]
+
+
+def write_index_files(url: str, name: str, bands_name: str, table: pa.Table,
+                      storage_options: Mapping[str, Any] | None = None) -> None:
+    """Index rows (``index_schema``) sorted by content hash into ``name`` and their (band hash, row)
+    pairs sorted by band hash into ``bands_name``, both relative to the corpus at ``url``."""
+    if table.num_rows > MAX_INDEX_ROWS:
+        raise CorpusError(f"{url}/{name}: {table.num_rows:,} documents in one index file; at most "
+                          f"{MAX_INDEX_ROWS:,} (a band file names a document by a 32-bit row)")
+    table = table.sort_by([("content_hash", "ascending"), ("id", "ascending")])
+    width = table.schema.field("bands").type.list_size
+    hashes = list_matrix(table["bands"], width).reshape(-1)
+    rows = np.repeat(np.arange(table.num_rows, dtype=np.uint32), width)
+    order = np.lexsort((rows, hashes))
+    bands = pa.table({"hash": pa.array(hashes[order], pa.uint64()), "row": pa.array(rows[order], pa.uint32())},
+                     schema=INDEX_BANDS_SCHEMA)
+    fs, root = open_fs(url, storage_options)
+    fs.makedirs(posixpath.join(root, INDEX_FOLDER), exist_ok=True)
+    for relative, rows_table, group_rows in ((name, table, INDEX_GROUP_ROWS), (bands_name, bands, BAND_GROUP_ROWS)):
+        with fs.open(posixpath.join(root, relative), "wb") as handle:
+            write_sorted(handle, rows_table, group_rows)
+
+
 def fixed_list(matrix: np.ndarray) -> pa.FixedSizeListArray:
     """An (n, width) uint64 matrix as a fixed-size-list column (signatures, band hashes) without a copy per row."""
     return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1), pa.uint64()), matrix.shape[1])
@@ -181,16 +243,16 @@ def write_index(
 ) -> str:
     """Publish ``table`` as a shard-less corpus whose signature index ``gristmill dedup --against`` reads.
 
-    The index file is written first under a unique name, the manifest last (the commit point), so a
-    crash leaves any earlier export intact. Returns the index file's relative name.
+    The index file (sorted, with its band file: :func:`write_index_files`) is written first under a
+    unique name, the manifest last (the commit point), so a crash leaves any earlier export intact.
+    Returns the index file's relative name.
     """
     check_export_folder(url, storage_options)
-    fs, root = open_fs(url, storage_options)
-    name = f"{INDEX_FOLDER}/index-service-{uuid.uuid4().hex[:12]}.parquet"
-    fs.makedirs(posixpath.join(root, INDEX_FOLDER), exist_ok=True)
-    with fs.open(posixpath.join(root, name), "wb") as handle:
-        pq.write_table(table.to_arrow(params), handle, compression="zstd")
-    extra = {"kind": EXPORT_KIND, "signature_index": {"files": [name], "params": params_to_dict(params)}}
+    run = uuid.uuid4().hex[:12]
+    name, bands_name = f"{INDEX_FOLDER}/index-service-{run}.parquet", f"{INDEX_FOLDER}/bands-service-{run}.parquet"
+    write_index_files(url, name, bands_name, table.to_arrow(params), storage_options)
+    extra = {"kind": EXPORT_KIND,
+             "signature_index": {"files": [name], "band_files": [bands_name], "params": params_to_dict(params)}}
     manifest = write_manifest(url, [], CORPUS_SCHEMA, stats=dict(stats or {}), extra=extra,
                               storage_options=storage_options)
     remove_unlisted(url, manifest, storage_options)  # the earlier export's index file, after the commit
