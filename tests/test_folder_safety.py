@@ -116,7 +116,8 @@ def test_a_different_job_is_refused_then_replaces_with_overwrite_and_stale_files
     corpus = Corpus.open(str(out))
     assert second["params"]["threshold"] == 0.5 and corpus.stats == second
     assert all(result.ok for result in corpus.verify())
-    listed = {s.path for s in corpus.shards} | set(corpus.manifest.extra["signature_index"]["files"]) | set(
+    index = corpus.manifest.extra["signature_index"]
+    listed = {s.path for s in corpus.shards} | set(index["files"]) | set(index["band_files"]) | set(
         corpus.manifest.extra["stats_table"]["files"]) | {corpus.manifest.extra["rejects"], "manifest.json"}
     assert _files(out) == listed  # the earlier job's shards, _index, _rejects and _stats files are gone
     assert not (old_files - {"manifest.json"}) & _files(out)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pipeline.format.sorted_parquet import range_partition
 from pipeline.job import components
 from pipeline.job.datasets import (
     BUCKET_SCHEMA,
@@ -31,11 +32,12 @@ from pipeline.job.workdir import partition_of
 
 
 def shuffle_bands(job: Job, split_index: int, keys: np.ndarray, bands: np.ndarray, partitions: int) -> None:
-    """Every (band hash, key) row goes to the partition of its band hash (hashes are salted per band)."""
+    """Every (band hash, key) row goes to the partition of its band hash (hashes are salted per band), by
+    range, so that a sorted earlier index is read in part (``pipeline.job.earlier``)."""
     hashes = bands.reshape(-1)
     repeated = np.repeat(keys, bands.shape[1])
     table = pa.table({"hash": pa.array(hashes, pa.uint64()), "key": pa.array(repeated, pa.int64())})
-    job.work.write_partitioned(BUCKETS_IN, split_name(split_index), table, partition_of(hashes, partitions),
+    job.work.write_partitioned(BUCKETS_IN, split_name(split_index), table, range_partition(hashes, partitions),
                                partitions)
 
 

@@ -151,6 +151,10 @@ CLUSTERS_OUT = PerSplit("clusters_out")  # CLUSTER_OUT_SCHEMA: the split's clust
 CLUSTERED_SURVIVORS = Shuffled("clustered_survivors")  # CLUSTER_OF_SCHEMA: members with exact copies, by key
 EXACT_CLUSTERS_DONE = Records("clusters/exact")
 EXACT_CLUSTERS = BySplit("exact_clusters")  # EXACT_CLUSTER_SCHEMA: exact groups' final clusters, by split
+# against (--against with sorted index files; pipeline.job.earlier): per band partition, per index file
+EARLIER_PROBE_DONE = Records("against/probe")
+EARLIER_KEYS = Shuffled("against/keys")  # earlier.KEY_SCHEMA: earlier documents a probe found, by pseudo-split
+EARLIER_FETCH_DONE = Records("against/fetch")  # then sigs/ of the pseudo-split: those documents' rows
 # write: per split
 WRITE_DONE = Records("write/done")
 SPLIT_STATS = PerSplit("stats")  # stats.SPLIT_STATS_SCHEMA, sorted by key hash
@@ -162,6 +166,11 @@ STATS_DONE = Records("stats/done")
 def index_file(split: int, fingerprint: str) -> str:
     """A split's signature index file, relative to the corpus folder."""
     return f"{INDEX_FOLDER}/index-{split:05d}-{fingerprint[:12]}.parquet"
+
+
+def band_file(split: int, fingerprint: str) -> str:
+    """The band file beside a split's signature index file, relative to the corpus folder."""
+    return f"{INDEX_FOLDER}/bands-{split:05d}-{fingerprint[:12]}.parquet"
 
 
 def rejects_file(fingerprint: str) -> str:

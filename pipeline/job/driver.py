@@ -37,14 +37,16 @@ from pipeline.job.datasets import (
     REJECTS,
     TIMINGS,
     WORK_FOLDER,
+    band_file,
     index_file,
     rejects_file,
     stage_record,
 )
+from pipeline.job.earlier import figures, run_earlier, shuffled_indices, sorted_indices, whole_indices
 from pipeline.job.exact import run_exact
 from pipeline.job.inputs import plan_splits, resolve_inputs
 from pipeline.job.keys import check_split_count
-from pipeline.job.partitions import partitions_for
+from pipeline.job.partitions import Partitions, partitions_for
 from pipeline.job.plan import against_index_files, claim_folders, job_fingerprint
 from pipeline.job.read import read_index_split, run_read
 from pipeline.job.sign import sign_split
@@ -56,7 +58,7 @@ from pipeline.job.write import write_split
 
 log = logging.getLogger("gristmill.dedup")
 
-STAGES = ("read", "exact", "sign", "buckets", "verify", "cc", "clusters", "write", "stats")
+STAGES = ("read", "exact", "sign", "against", "buckets", "verify", "cc", "clusters", "write", "stats")
 # Arrow's mimalloc pool kept ~60 MB per worker of freed pages after each split; purging them at once
 # costs ~6% more CPU in the stages. (Arrow's system pool with glibc's mmap threshold fixed kept ~110 MB
 # less, but page faults on every fresh buffer cost ~30% more CPU; docs/PIPELINE.md, memory.) Set for
@@ -65,8 +67,10 @@ WORKER_ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "0"}
 
 
 def job_stages(config: DedupConfig) -> tuple[str, ...]:
-    """The stages ``run_dedup`` runs for ``config``, in order (``verify`` only when verifying)."""
-    return STAGES if config.verify else tuple(stage for stage in STAGES if stage != "verify")
+    """The stages ``run_dedup`` runs for ``config``, in order (``verify`` only when verifying, ``against``
+    only with ``--against``)."""
+    return tuple(stage for stage in STAGES
+                 if (stage != "verify" or config.verify) and (stage != "against" or config.against))
 
 
 def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -134,13 +138,15 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
             on_stage(name)
         return result
 
-    read = stage("read", lambda: map_splits(read_index_split, job, list(range(len(index_files))))
+    read = stage("read", lambda: map_splits(read_index_split, job, whole_indices(job))
                  + run_read(job, splits))
     parts = partitions_for(sum(r["docs"] for r in read), params, config.num_partitions)  # follow the rows
-    stage("exact", lambda: run_exact(job, parts.exact, run_tasks))
-    signing = stage("sign", lambda: map_splits(lambda j, i: sign_split(j, i, parts), job, job.all_split_indices))
+    exact = stage("exact", lambda: run_exact(job, parts.exact, run_tasks))
+    signing = stage("sign", lambda: map_splits(lambda j, i: sign_split(j, i, parts), job, shuffled_indices(job)))
+    against = stage("against", lambda: _against(job, parts, run_tasks)) if config.against else None
+    signed = sum(r["signed"] for r in signing) + (against["signed"] if against else 0)
     # connected components' first round is cut by a bound on its edges: a bucket of m rows gives m - 1
-    fine = components.first_fine(sum(r["signed"] for r in signing) * params.bands, config.cc_rows_per_task)
+    fine = components.first_fine(signed * params.bands, config.cc_rows_per_task)
     buckets = stage("buckets", lambda: run_tasks(bucket_partition, [(job, p, parts.verify, fine)
                                                                      for p in range(parts.buckets)]))
     edges = {"candidates": sum(r["edges"] for r in buckets)}
@@ -159,10 +165,11 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     for record in written:
         merge_counts(totals, record["totals"])
     stats = final_stats(totals, table, timings, resumed, {**cc, **edges}, params, config, time.time() - started,
-                        len(splits))
+                        len(splits), figures(job, exact, against) if against else None)
     shards = [ShardInfo.from_dict(s) for record in written for s in record["shards"]]
     index_names = [index_file(i, fingerprint) for i in job.split_indices]
-    extra = {"signature_index": {"files": index_names, "params": dataclasses.asdict(params)},
+    band_names = [band_file(i, fingerprint) for i in job.split_indices]
+    extra = {"signature_index": {"files": index_names, "band_files": band_names, "params": dataclasses.asdict(params)},
              "rejects": rejects_file(fingerprint), STATS_TABLE_KEY: {"files": table["files"]},
              "job": _job_summary(config), JOB_FINGERPRINT_KEY: fingerprint}
     _collect_rejects(job, extra["rejects"])
@@ -177,6 +184,14 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     if not config.keep_work:
         work.remove("")
     return stats
+
+
+def _against(job: Job, parts: Partitions, run_tasks: Callable[..., list[Any]]) -> dict[str, int]:
+    """Stage ``against``: what the new documents can match of the sorted earlier indexes, read in part
+    (``pipeline.job.earlier``), then signed into the band and verification shuffles as a split is."""
+    found = run_earlier(job, parts.buckets, run_tasks)
+    signed = map_splits(lambda j, i: sign_split(j, i, parts), job, sorted_indices(job))
+    return {**found, "signed": sum(r["signed"] for r in signed)}
 
 
 def _remove_stale(config: DedupConfig, corpus: Corpus) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.format.sorted_parquet import range_partition
 from pipeline.job.datasets import (
     CLUSTER_OF_SCHEMA,
     CLUSTERED_SURVIVORS,
@@ -36,6 +37,7 @@ from pipeline.job.datasets import (
     partition_name,
     split_name,
 )
+from pipeline.job.earlier import exact_rows, shuffled_indices
 from pipeline.job.tasks import Job, map_splits, route_by_split, run_once
 from pipeline.job.workdir import partition_of
 
@@ -56,7 +58,7 @@ def _hash_partition(hashes: pa.Array | pa.ChunkedArray, num_partitions: int) -> 
     digits = np.frombuffer(array.buffers()[2], np.uint8)[offsets[0]:offsets[-1]].reshape(-1, HASH_DIGITS)
     nibbles = _NIBBLE[digits[:, :16]]
     prefix = np.ascontiguousarray((nibbles[:, 0::2] << 4) | nibbles[:, 1::2]).view(">u8").ravel()
-    return (prefix.astype(np.uint64) % np.uint64(num_partitions)).astype(np.int64)
+    return range_partition(prefix, num_partitions)  # by range: a sorted earlier index is read in part
 
 
 def _best_per_hash(table: pa.Table, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -97,7 +99,9 @@ def exact_partition(job: Job, part: int, partitions: int) -> dict[str, Any]:
     """Reduce, once: each duplicated hash's survivor and count, to every split holding the text."""
 
     def compute() -> dict[str, Any]:
-        table = job.work.read_partition(EXACT_IN, part, EXACT_SCHEMA).sort_by("key")
+        table = job.work.read_partition(EXACT_IN, part, EXACT_SCHEMA)
+        earlier, earlier_bytes = exact_rows(job, table["content_hash"])  # --against: the matching rows only
+        table = pa.concat_tables([earlier, table]).sort_by("key")
         keys = table["key"].to_numpy()
         count = table["count"].to_numpy()
         best, rep, total = _best_per_hash(table, count)
@@ -114,7 +118,7 @@ def exact_partition(job: Job, part: int, partitions: int) -> dict[str, Any]:
         by_rep = pa.table({"key": keys[holds_copy], "rep_key": keys[rep][holds_copy]}, schema=EXACT_BY_REP_SCHEMA)
         job.work.write_partitioned(EXACT_BY_REP, partition_name(part), by_rep,
                                    partition_of(by_rep["rep_key"].to_numpy(), partitions), partitions)
-        return {"duplicates": int((total[best] - 1).sum())}
+        return {"duplicates": int((total[best] - 1).sum()), "earlier_bytes": earlier_bytes}
 
     return run_once(job.work, EXACT_DONE.partition(part), compute)
 
@@ -151,5 +155,5 @@ def exact_clusters(job: Job, part: int) -> dict[str, Any]:
 
 def run_exact(job: Job, partitions: int, run_tasks: Callable[..., list[Any]]) -> list[dict[str, Any]]:
     """The stage: the map over every split (index files included), then one reducer per partition."""
-    map_splits(lambda j, i: exact_map(j, i, partitions), job, job.all_split_indices)
+    map_splits(lambda j, i: exact_map(j, i, partitions), job, shuffled_indices(job))
     return run_tasks(exact_partition, [(job, p, partitions) for p in range(partitions)])

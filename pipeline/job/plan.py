@@ -9,30 +9,30 @@ import json
 from collections.abc import Mapping
 
 from pipeline.format import Corpus, CorpusError, open_fs
-from pipeline.format.signature_index import IndexParams
+from pipeline.format.signature_index import IndexFile, IndexParams, listed_index_files
 from pipeline.job.config import DedupConfig, DedupError
 from pipeline.job.folders import FolderError, check_disjoint, claim
 from pipeline.job.inputs import InputFile, Split
 
 
-def job_fingerprint(config: DedupConfig, params: IndexParams, splits: list[Split], index_files: list[str]) -> str:
+def job_fingerprint(config: DedupConfig, params: IndexParams, splits: list[Split], index_files: list[IndexFile]) -> str:
     """What the result depends on; a work folder from another job is discarded, not mixed in."""
     payload = {
         "splits": [[[p.file.url, p.file.size, p.start, p.end] for p in s.pieces] for s in splits],  # where files are cut
-        "params": dataclasses.asdict(params), "index": index_files, "text_column": config.text_column,
+        "params": dataclasses.asdict(params), "index": [[f.url, f.bands_url] for f in index_files], "text_column": config.text_column,
         "id_column": config.id_column, "max_doc_bytes": config.max_doc_bytes, "removed": config.removed,
         "shard_bytes": config.shard_bytes, "row_group_bytes": config.row_group_bytes,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def against_index_files(config: DedupConfig, params: IndexParams) -> list[str]:
+def against_index_files(config: DedupConfig, params: IndexParams) -> list[IndexFile]:
     """The index files of every ``--against`` corpus, in the order given, each corpus checked to have
     been hashed the same way: each file becomes a pseudo-split."""
     return [name for url in config.against for name in _index_files(url, config, params)]
 
 
-def _index_files(url: str, config: DedupConfig, params: IndexParams) -> list[str]:
+def _index_files(url: str, config: DedupConfig, params: IndexParams) -> list[IndexFile]:
     """The index files of one earlier corpus, after checking it was hashed the same way."""
     try:
         corpus = Corpus.open(url, config.storage_options)
@@ -53,15 +53,16 @@ def _index_files(url: str, config: DedupConfig, params: IndexParams) -> list[str
                         f"{'' if theirs.get('verify') else ', or --no-verify'})")
             raise DedupError(f"--against {url}: its index was built with {name}={theirs.get(name)}, "
                              f"this job uses {name}={ours[name]}; use the same settings{hint}")
-    files = index.get("files")
-    if not isinstance(files, list):
-        raise DedupError(f"--against {url}: its manifest's signature index lists no files")
     try:
-        paths = [corpus.member_path(name, "signature index file") for name in files]
+        files = listed_index_files(corpus)
     except CorpusError as exc:
-        raise DedupError(f"--against: {exc}") from None
+        raise DedupError(f"--against {url}: {exc}") from None
     protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
-    return [path if not protocol or path.startswith(protocol) else protocol + path for path in paths]
+
+    def located(path: str) -> str:
+        return path if not protocol or path.startswith(protocol) else protocol + path
+
+    return [IndexFile(located(f.url), located(f.bands_url) if f.bands_url else None) for f in files]
 
 
 def claim_folders(config: DedupConfig, files: list[InputFile], fingerprint: str) -> Corpus | None:

@@ -168,8 +168,9 @@ def read_index_split(job: Job, split_index: int) -> dict[str, Any]:
     """--against: an existing corpus's index file as a pseudo-split's signed documents (``sigs/``)."""
 
     def compute() -> dict[str, Any]:
-        index = read_index_file(job, job.index_files[split_index])
-        check_split_rows(index.num_rows, f"--against index file {job.index_files[split_index]}")
+        url = job.index_files[split_index].url
+        index = read_index_file(job, url)
+        check_split_rows(index.num_rows, f"--against index file {url}")
         keys = (np.int64(split_index) << np.int64(KEY_BITS)) + np.arange(index.num_rows, dtype=np.int64)
         sigs = pa.table({
             "key": pa.array(keys, pa.int64()), "id": index["id"], "content_hash": index["content_hash"],

@@ -154,9 +154,10 @@ def merge_counts(total: dict[str, Any], part: Mapping[str, Any]) -> dict[str, An
 
 def final_stats(totals: dict[str, Any], table: Mapping[str, Any], timings: Mapping[str, float], resumed: list[str],
                 cc: Mapping[str, Any], params: IndexParams, config: DedupConfig, wall: float,
-                splits: int) -> dict[str, Any]:
+                splits: int, against: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The statistics a manifest records: the summed split totals, each breakdown's top keys and key
-    count from the statistics ``table`` (:func:`run_stats`), and the run's own figures."""
+    count from the statistics ``table`` (:func:`run_stats`), the run's own figures, and with
+    ``--against`` what it read of the earlier corpora (``pipeline.job.earlier.figures``)."""
     rejected = dict(totals.get("rejected", {}))
     documents = {
         "input": totals.get("kept", 0) + totals.get("exact_duplicate", 0) + totals.get("near_duplicate", 0)
@@ -181,4 +182,5 @@ def final_stats(totals: dict[str, Any], table: Mapping[str, Any], timings: Mappi
         "wall_seconds": round(wall, 3),
         "splits": splits,  # the splits the input was cut into: one read task each
         "params": {**dataclasses.asdict(params), "against": config.against},
+        **({"against": dict(against)} if against is not None else {}),
     }

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from pipeline.format.signature_index import IndexParams
+from pipeline.format.signature_index import IndexFile, IndexParams
 from pipeline.job.config import DedupConfig
 from pipeline.job.datasets import BySplit, partition_name
 from pipeline.job.inputs import KEY_BITS
@@ -29,7 +29,7 @@ class Job:
     config: DedupConfig  # without its INPUT list (the driver's plan resolved it; tasks never read it)
     params: IndexParams
     work: WorkDir
-    index_files: list[str]  # --against: one pseudo-split per index file
+    index_files: list[IndexFile]  # --against: one pseudo-split per index file
     fingerprint: str
     num_splits: int  # splits of the new input, numbered after the index files' pseudo-splits
     _reference: Any = field(default=None, init=False, repr=False, compare=False)

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.format import CORPUS_SCHEMA, REMOVED_SCHEMA, ShardWriter
+from pipeline.format.signature_index import write_index_files
 from pipeline.job.datasets import (
     CLUSTERS_OUT,
     DOCS,
@@ -18,12 +19,12 @@ from pipeline.job.datasets import (
     EXACT_CLUSTERS,
     SIGNATURES,
     WRITE_DONE,
+    band_file,
     index_file,
 )
 from pipeline.job.exact import exact_of
 from pipeline.job.stats import split_stats
 from pipeline.job.tasks import Job, run_once
-from pipeline.job.workdir import WorkDir
 
 
 def write_split(job: Job, split_index: int) -> dict[str, Any]:
@@ -127,8 +128,10 @@ def _positions(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
 
 
 def _write_index(job: Job, split_index: int, kept_keys: np.ndarray) -> None:
-    """The signature index of the kept rows, beside the corpus, for later ``--against`` runs."""
+    """The signature index of the kept rows and its band file, beside the corpus, sorted for later
+    ``--against`` runs to read in part (``pipeline.format.signature_index.write_index_files``)."""
     sigs = job.work.read_table(SIGNATURES.file(split_index))
     sigs = sigs.filter(pc.is_in(sigs["key"], value_set=pa.array(kept_keys, pa.int64())))
     index = sigs.select(["id", "content_hash", "length", "signature", "bands"])
-    WorkDir(job.config.output, job.config.storage_options).write_table(index_file(split_index, job.fingerprint), index)
+    write_index_files(job.config.output, index_file(split_index, job.fingerprint), band_file(split_index, job.fingerprint),
+                      index, job.config.storage_options)
