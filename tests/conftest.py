@@ -1,4 +1,4 @@
-"""Fixtures shared by several test modules: a real S3-protocol server on loopback."""
+"""Fixtures shared by several test modules: a local Ray, a real S3-protocol server on loopback."""
 
 from __future__ import annotations
 
@@ -12,6 +12,16 @@ import pytest
 # single-node platform; this switch keeps every Ray process the tests start (in-process clusters,
 # `ray start`, subprocess jobs, which inherit the environment) on loopback only.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    """A private local Ray with two CPUs for one test module (started once, shut down after it)."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,15 +34,6 @@ BAD_LINES = [
     (b'{"text": "caf\xe9"}', "invalid_utf8", None),
 ]
 BAD_COPIES = 800  # of each: enough rejects that their listing overfills a pipe several times
-
-
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

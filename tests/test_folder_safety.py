@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,15 +21,6 @@ from pipeline.job import DedupConfig, DedupError, run_dedup
 from pipeline.job.inputs import InputError
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture()

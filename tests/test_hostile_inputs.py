@@ -12,7 +12,6 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -343,15 +342,6 @@ def test_a_corpus_shard_gone_truncated_or_swapped_counts_its_manifest_rows(tmp_p
 
 
 # -- the Ray job -------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def _read_all(inputs: list[str]) -> int:
     """Records the readers find in ``inputs``: documents plus what each reject stands for."""
     total = 0

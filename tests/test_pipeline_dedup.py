@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -19,15 +18,6 @@ from pipeline.format import Corpus
 from pipeline.job import STAGES, DedupConfig, DedupError, job_stages, run_dedup
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ benchmarks/hot_cluster.py runs the same check on a 220,000-document cluster."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,15 +21,6 @@ from hot_cluster import check, hot_texts, task_rows, write_jsonl  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 MEMBERS, BUDGET = 20_000, 2_048
-
-
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def test_a_20k_member_cluster_keeps_every_task_within_its_budget(ray_local: None, tmp_path: Path) -> None:

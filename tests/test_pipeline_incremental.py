@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +19,6 @@ from pipeline.format import Corpus
 from pipeline.job import DedupConfig, DedupError, run_dedup
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _rows(url: str) -> list[dict]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,15 +84,6 @@ def test_external_sort_spills_past_its_budget_and_gives_the_in_memory_order() ->
 
 
 # -- the job ------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SPLITS compressed files (read whole: each is a split of its own with a 1-byte split budget), each

@@ -11,7 +11,6 @@ import gzip
 import io
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -227,15 +226,6 @@ def _parquet_bytes(table: pa.Table, group: int) -> bytes:
 
 
 # -- the job on a real local Ray ---------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def _corpus(url: str, columns: tuple[str, ...]) -> list[tuple]:
     return sorted(tuple(row[c] for c in columns) for row in Corpus.open(url).to_table().to_pylist())
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,15 +18,6 @@ from pipeline.job import DedupConfig, run_dedup
 pytestmark = pytest.mark.timeout(240)
 
 DOMAINS = 50_000
-
-
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _many_domains(root: Path) -> dict[str, int]:

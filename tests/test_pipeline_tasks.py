@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,15 +16,6 @@ from pipeline.job.tasks import Job, make_runner, task_arguments
 from pipeline.job.workdir import WorkDir
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def test_a_read_task_of_a_100k_file_plan_is_sent_a_few_kb(ray_local: None, tmp_path: Path) -> None:
