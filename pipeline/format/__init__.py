@@ -12,7 +12,6 @@ from pipeline.format.manifest import (
     JOB_FINGERPRINT_KEY,
     MANIFEST_NAME,
     STATS_TABLE_KEY,
-    ChecksumMismatch,
     CorpusError,
     Manifest,
     RowGroupInfo,
@@ -36,7 +35,7 @@ from pipeline.format.writer import ShardWriter
 
 __all__ = [
     "CORPUS_SCHEMA", "FORMAT_VERSION", "JOB_FINGERPRINT_KEY", "MANIFEST_NAME", "RAW_CRAWL_SCHEMA", "REJECT_KINDS",
-    "REJECT_SCHEMA", "REMOVED_SCHEMA", "STATS_TABLE_KEY", "ChecksumMismatch", "Corpus", "CorpusError", "Manifest", "RowGroupInfo",
+    "REJECT_SCHEMA", "REMOVED_SCHEMA", "STATS_TABLE_KEY", "Corpus", "CorpusError", "Manifest", "RowGroupInfo",
     "ShardInfo", "ShardWriter", "VerifyResult", "index_schema", "is_owned_file", "member_path", "open_fs",
     "remove_unlisted", "write_manifest",
 ]

@@ -36,10 +36,6 @@ class CorpusError(Exception):
     """A corpus cannot be read or written as asked; the message names the file."""
 
 
-class ChecksumMismatch(CorpusError):
-    """A shard's bytes do not match the checksum its manifest recorded."""
-
-
 @dataclass(frozen=True)
 class RowGroupInfo:
     """One block a loader fetches with one ranged read: ``[offset, offset + length)``."""
