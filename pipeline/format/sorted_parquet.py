@@ -12,7 +12,7 @@ any number of partitions, so the writer need not know how a later reader partiti
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -26,12 +26,6 @@ def range_partition(values: np.ndarray, parts: int) -> np.ndarray:
     """The partition (0..parts-1) of each uint64 value by range of its top 32 bits; ``parts < 2**32``."""
     high = np.asarray(values, dtype=np.uint64) >> np.uint64(32)
     return ((high * np.uint64(parts)) >> np.uint64(32)).astype(np.int64)
-
-
-def hex_prefix(hashes: pa.Array | pa.ChunkedArray | list[str]) -> np.ndarray:
-    """The first 16 hex digits of each hex digest as uint64: a content hash's place in the hash space."""
-    values = hashes.to_pylist() if isinstance(hashes, (pa.Array, pa.ChunkedArray)) else hashes
-    return np.fromiter((int(h[:16], 16) for h in values), dtype=np.uint64, count=len(values))
 
 
 def write_sorted(handle: BinaryIO, table: pa.Table, group_rows: int) -> None:
@@ -53,32 +47,27 @@ def _bounds(metadata: pq.FileMetaData, column: str) -> Iterator[tuple[int, Any, 
 
 def groups_holding(metadata: pq.FileMetaData, column: str, wanted: np.ndarray) -> list[int]:
     """Row groups whose [min, max] of ``column`` brackets at least one of the sorted ``wanted`` values."""
-    chosen = []
-    for group, low, high in _bounds(metadata, column):
-        if metadata.row_group(group).num_rows == 0:
-            continue
-        if low is None:
-            chosen.append(group)
-            continue
+    def brackets(low: Any, high: Any) -> bool:
         at = int(np.searchsorted(wanted, np.asarray(low, dtype=wanted.dtype), side="left"))
-        if at < len(wanted) and wanted[at] <= np.asarray(high, dtype=wanted.dtype):
-            chosen.append(group)
-    return chosen
+        return at < len(wanted) and bool(wanted[at] <= np.asarray(high, dtype=wanted.dtype))
+
+    return _groups_where(metadata, column, brackets)
 
 
 def groups_in_partition(metadata: pq.FileMetaData, column: str, part: int, parts: int) -> list[int]:
     """Row groups of a file sorted by the uint64 ``column`` that hold values of range partition ``part``."""
-    chosen = []
-    for group, low, high in _bounds(metadata, column):
-        if metadata.row_group(group).num_rows == 0:
-            continue
-        if low is None:
-            chosen.append(group)
-            continue
+    def overlaps(low: Any, high: Any) -> bool:
         first, last = range_partition(np.array([low, high], dtype=np.uint64), parts)
-        if first <= part <= last:
-            chosen.append(group)
-    return chosen
+        return bool(first <= part <= last)
+
+    return _groups_where(metadata, column, overlaps)
+
+
+def _groups_where(metadata: pq.FileMetaData, column: str, keep: Callable[[Any, Any], bool]) -> list[int]:
+    """Non-empty row groups whose (min, max) of ``column`` pass ``keep``; a group without statistics
+    is always kept (it cannot be ruled out)."""
+    return [group for group, low, high in _bounds(metadata, column)
+            if metadata.row_group(group).num_rows and (low is None or keep(low, high))]
 
 
 def group_starts(metadata: pq.FileMetaData) -> np.ndarray:
