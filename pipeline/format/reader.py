@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +73,19 @@ class Corpus:
         if is_local(self.fs):
             self._check_inside(path, what)
         return path
+
+    def read_members(self, names: Iterable[Any], schema: pa.Schema, what: str) -> pa.Table:
+        """The Parquet files ``extra`` names (index files, statistics tables) as one table of ``schema``:
+        each path checked by :meth:`member_path`, each unreadable file a :class:`CorpusError` naming it."""
+        tables = []
+        for name in names:
+            path = self.member_path(name, what)
+            try:
+                with self.fs.open(path, "rb") as handle:
+                    tables.append(pq.read_table(handle, schema=schema))
+            except (OSError, pa.ArrowException) as exc:
+                raise CorpusError(f"{self.url}/{name}: cannot read {what} ({exc})") from None
+        return pa.concat_tables(tables) if tables else schema.empty_table()
 
     @property
     def _where(self) -> str:

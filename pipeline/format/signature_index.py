@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.format.manifest import (
     MANIFEST_NAME,
@@ -215,15 +214,7 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
         raise CorpusError(f"{url}: the corpus has no signature index (not built by gristmill dedup)")
     params = params_from_dict(index.get("params") or {}, f"{url}/manifest.json")
     schema = index_schema(params.num_perm, params.bands)
-    tables = []
-    for name in index["files"]:
-        path = corpus.member_path(name, "signature index file")
-        try:
-            with corpus.fs.open(path, "rb") as handle:
-                tables.append(pq.read_table(handle, schema=schema))
-        except (OSError, pa.ArrowException) as exc:
-            raise CorpusError(f"{url}/{name}: cannot read signature index file ({exc})") from None
-    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    table = corpus.read_members(index["files"], schema, "signature index file")
     return params, SignatureTable(
         ids=table["id"].to_pylist(),
         content_hashes=table["content_hash"].to_pylist(),

@@ -17,9 +17,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from pipeline.format.manifest import STATS_TABLE_KEY, CorpusError, Manifest
+from pipeline.format.manifest import STATS_TABLE_KEY, Manifest
 from pipeline.format.reader import Corpus
 from pipeline.format.schemas import STATS_BREAKDOWNS, STATS_SCHEMA
 
@@ -56,15 +55,7 @@ def as_breakdown(breakdown: str, rows: Iterable[Mapping[str, Any]]) -> dict[str,
 
 def read_stats_table(corpus: Corpus) -> pa.Table:
     """Every row of the corpus's statistics table (an empty table when it has none)."""
-    tables = []
-    for name in stats_table_files(corpus.manifest):
-        path = corpus.member_path(name, "statistics table file")
-        try:
-            with corpus.fs.open(path, "rb") as handle:
-                tables.append(pq.read_table(handle, schema=STATS_SCHEMA))
-        except (OSError, pa.ArrowException) as exc:
-            raise CorpusError(f"{corpus.url}/{name}: cannot read statistics table file ({exc})") from None
-    return pa.concat_tables(tables) if tables else STATS_SCHEMA.empty_table()
+    return corpus.read_members(stats_table_files(corpus.manifest), STATS_SCHEMA, "statistics table file")
 
 
 def full_stats(corpus: Corpus) -> dict[str, Any]:
