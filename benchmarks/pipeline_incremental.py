@@ -26,7 +26,6 @@ import os
 import random
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -83,40 +82,6 @@ def generate(folder: Path, old: int, new: int, seed: int) -> None:
     done.write_text(json.dumps(wanted))
 
 
-class TreeReads:
-    """The bytes every process of a tree has read (``read_chars``: files, pipes and sockets), summed
-    over the last reading of each process seen."""
-
-    def __init__(self, pid: int, interval: float = 0.1) -> None:
-        import psutil
-
-        self.root = psutil.Process(pid)
-        self._last: dict[tuple[int, float], int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        import psutil
-
-        while not self._stop.is_set():
-            try:
-                processes = [self.root, *self.root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                return
-            for process in processes:
-                try:
-                    self._last[(process.pid, process.create_time())] = process.io_counters().read_chars
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    continue
-            time.sleep(0.1)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return sum(self._last.values())
-
-
 def _gristmill() -> str:
     for venv in (".venv-plain", ".venv"):
         if (REPO / venv / "bin" / "gristmill").exists():
@@ -130,13 +95,13 @@ def _run(command: list[str], log: Path) -> dict[str, Any]:
     with open(log, "w") as out:
         process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONPATH": str(REPO), **LOOPBACK_RAY})
-        memory, reads = TreeMemory(process.pid), TreeReads(process.pid)
+        memory = TreeMemory(process.pid)
         code = process.wait()
     wall = time.perf_counter() - started
-    measured, read = memory.stop(), reads.stop()
+    measured = memory.stop()
     if code != 0:
         raise RuntimeError(f"{command[:4]} failed with {code}; see {log}")
-    return {"cpu_s": round(measured["cpu"], 2), "wall_s": round(wall, 2), "read_chars": read}
+    return {"cpu_s": round(measured["cpu"], 2), "wall_s": round(wall, 2), "read_chars": measured["read_chars"]}
 
 
 def _folder_bytes(folder: Path) -> tuple[int, int]:

@@ -37,6 +37,7 @@ class TreeMemory:
         self.peak = self.peak_pss = 0
         self.breakdown: list[tuple[str, int, int]] = []
         self._cpu: dict[tuple[int, float], float] = {}
+        self._read: dict[tuple[int, float], int] = {}  # read_chars: files, pipes and sockets
         self._own: dict[tuple[int, float], dict[str, Any]] = {}
         self.interval = interval
         self._stop = threading.Event()
@@ -58,11 +59,13 @@ class TreeMemory:
                     with process.oneshot():
                         memory = process.memory_full_info()
                         times = process.cpu_times()
+                        read_chars = process.io_counters().read_chars
                         name = " ".join(process.cmdline()[:3])[-60:] or process.name()
                         key = (process.pid, process.create_time())
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
                 self._cpu[key] = times.user + times.system
+                self._read[key] = read_chars
                 own = self._own.setdefault(key, {"pid": process.pid, "root": process.pid == self.root.pid,
                                                  "name": name, "rss": 0, "pss": 0})
                 if memory.pss > own["pss"]:
@@ -79,6 +82,7 @@ class TreeMemory:
         self._stop.set()
         self._thread.join()
         return {"peak": self.peak, "peak_pss": self.peak_pss, "cpu": sum(self._cpu.values()),
+                "read_chars": sum(self._read.values()),
                 "breakdown": self.breakdown,
                 "processes": sorted(self._own.values(), key=lambda row: -row["pss"])}
 
