@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sessions import kill_session
 from test_pipeline_data import documents, write_jsonl
 
 from pipeline.cli import main
@@ -165,14 +166,7 @@ def test_usage_and_input_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFix
 
 def _stop_session(process: subprocess.Popen) -> None:
     """SIGKILL what is left of the processes the test's driver started (its Ray), by their session."""
-    listing = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
-    for line in listing.splitlines():
-        pid, sid = (int(x) for x in line.split())
-        if sid == process.pid:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    kill_session(process.pid)
 
 
 def test_ctrl_c_exits_130_with_a_resume_hint_and_the_rerun_finishes(

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sessions import kill_session
 from test_pipeline_data import documents, write_jsonl
 
 from pipeline.format import Corpus
@@ -37,14 +38,7 @@ def _kill_session(process: subprocess.Popen) -> None:
     """SIGKILL the driver and anything it started."""
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=30)
-    listing = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
-    for line in listing.splitlines():
-        pid, sid = (int(x) for x in line.split())
-        if sid == process.pid:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    kill_session(process.pid)
 
 
 def _kill_when(process: subprocess.Popen, ready: callable, out: Path) -> None:
