@@ -4,7 +4,8 @@ Importing this package imports neither torch, Ray nor aiohttp; the PyTorch adapt
 ``loaders.torch_dataset``.
 """
 
-from loaders.blocks import Counters, DiskCache, LoaderError
+from loaders.blocks import Counters, LoaderError
+from loaders.cache import DiskCache
 from loaders.loader import StreamingLoader
 from loaders.tokenizers import ByteTokenizer, CallableTokenizer, FileTokenizer
 

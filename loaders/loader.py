@@ -19,7 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (imported up front: its first import inside a batch costs seconds under load)
 
-from loaders.blocks import BlockSource, Counters, DiskCache, check_columns
+from loaders.blocks import BlockSource, Counters, check_columns
+from loaders.cache import DiskCache
 from loaders.checks import INT32_MAX, INT32_MIN, flag, integer, optional_integer, shown
 from loaders.plan import EpochOrder, Generation, Split, StreamSpec, consumed_by_batches, plan_generation
 from loaders.prefetch import Prefetcher, Window, read_inline
