@@ -150,14 +150,18 @@ class BlockSource:
         return f"{self.corpus.url.rstrip('/')}/{info.path}"
 
     def _fetch(self, shard: int, start: int, end: int, what: str) -> bytes:
-        """One ranged read, through the disk cache when there is one, retrying transient errors."""
+        """One ranged read, through the disk cache when there is one."""
+        if self.cache is None:
+            return self._download(shard, start, end, what)
+        data, hit = self.cache.fetch(self._key(self.corpus.shards[shard], start, end), end - start,
+                                     lambda: self._download(shard, start, end, what))
+        if hit:
+            self.counters.add(cache_hits=1)
+        return data
+
+    def _download(self, shard: int, start: int, end: int, what: str) -> bytes:
+        """One ranged read from storage, retrying transient errors; a short read is an error."""
         info = self.corpus.shards[shard]
-        key = self._key(info, start, end)
-        if self.cache is not None:
-            data = self.cache.get(key)
-            if data is not None and len(data) == end - start:
-                self.counters.add(cache_hits=1)
-                return data
         delay = 0.05
         for attempt in range(self.retries + 1):
             try:
@@ -178,8 +182,6 @@ class BlockSource:
             raise LoaderError(f"{self._where(shard)}: {what} is bytes [{start}, {end}) but the shard ends early "
                               f"({len(data)} of {end - start} bytes read); the shard is truncated")
         self.counters.add(bytes_read=len(data))
-        if self.cache is not None:
-            self.cache.put(key, data)
         return data
 
     def footer(self, shard: int) -> tuple[pq.FileMetaData, bytes]:

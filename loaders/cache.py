@@ -6,6 +6,7 @@ import os
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 
 
 class DiskCache:
@@ -58,6 +59,19 @@ class DiskCache:
             if key in self._sizes:
                 self._sizes.move_to_end(key)
         return data
+
+    def fetch(self, key: str, size: int, download: Callable[[], bytes]) -> tuple[bytes, bool]:
+        """The block under ``key`` (``size`` bytes), from the cache or else downloaded and stored.
+
+        Returns the bytes and whether they came from the cache; a cached file of the wrong size is
+        ignored (a torn or foreign file) and replaced.
+        """
+        data = self.get(key)
+        if data is not None and len(data) == size:
+            return data, True
+        data = download()
+        self.put(key, data)
+        return data, False
 
     def put(self, key: str, data: bytes) -> bool:
         """Store a block; returns False when it could not fit without evicting a pinned block."""
