@@ -16,38 +16,17 @@ from __future__ import annotations
 import io
 import threading
 import time
-from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loaders.cache import DiskCache
+from loaders.layout import Layout
 from pipeline.format import Corpus, CorpusError, ShardInfo
 
 
 class LoaderError(CorpusError):
     """A block or shard cannot be read; the message names the shard (and row group)."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Every block of a corpus in manifest order: which shard, which row group, how many rows."""
-
-    shard: np.ndarray
-    group: np.ndarray
-    rows: np.ndarray
-
-    @classmethod
-    def of(cls, shards: list[ShardInfo]) -> Layout:
-        shard, group, rows = [], [], []
-        for index, info in enumerate(shards):
-            for number, rg in enumerate(info.row_groups):
-                shard.append(index)
-                group.append(number)
-                rows.append(rg.rows)
-        return cls(np.asarray(shard, dtype=np.int64), np.asarray(group, dtype=np.int64),
-                   np.asarray(rows, dtype=np.int64))
 
 
 class _RangeFile(io.RawIOBase):
@@ -206,9 +185,10 @@ class BlockSource:
             except (pa.ArrowException, OSError) as exc:
                 raise LoaderError(f"{self._where(shard)}: footer is corrupt ({exc})") from None
             counts = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
-            if counts != [rg.rows for rg in info.row_groups]:
+            listed = self.layout.rows[self.layout.blocks_of(shard)].tolist()
+            if counts != listed:
                 raise LoaderError(f"{self._where(shard)}: footer lists row groups of {counts} rows, the manifest "
-                                  f"{[rg.rows for rg in info.row_groups]}; the shard was replaced or is corrupt")
+                                  f"{listed}; the shard was replaced or is corrupt")
             self._footers[shard] = (metadata, tail)
             return metadata, tail
 
@@ -219,9 +199,8 @@ class BlockSource:
 
     def cache_key(self, block: int) -> str:
         """The disk-cache name of a block: shard checksum plus byte range, so a rewritten shard never hits."""
-        info = self.corpus.shards[int(self.layout.shard[block])]
-        rg = info.row_groups[int(self.layout.group[block])]
-        return self._key(info, rg.offset, rg.offset + rg.length)
+        start, end = self.layout.byte_range(block)
+        return self._key(self.corpus.shards[int(self.layout.shard[block])], start, end)
 
     @staticmethod
     def _key(info: ShardInfo, start: int, end: int) -> str:
@@ -230,10 +209,9 @@ class BlockSource:
     def fetch(self, block: int) -> bytes:
         """The block's bytes: exactly one ranged read of the row group (or a disk-cache hit)."""
         shard, group = int(self.layout.shard[block]), int(self.layout.group[block])
-        rg = self.corpus.shards[shard].row_groups[group]
+        start, end = self.layout.byte_range(block)
         self.footer(shard)
-        data = self._fetch(shard, rg.offset, rg.offset + rg.length,
-                           f"row group {group} (bytes [{rg.offset}, {rg.offset + rg.length}))")
+        data = self._fetch(shard, start, end, f"row group {group} (bytes [{start}, {end}))")
         self.counters.add(blocks_fetched=1)
         return data
 
@@ -242,10 +220,11 @@ class BlockSource:
         shard, group = int(self.layout.shard[block]), int(self.layout.group[block])
         info = self.corpus.shards[shard]
         metadata, tail = self.footer(shard)
-        rg = info.row_groups[group]
-        what = f"row group {group} (bytes [{rg.offset}, {rg.offset + rg.length}))"
-        source = _RangeFile(info.bytes, [(rg.offset, data), (info.footer_offset, tail)], self._where(shard))
-        expected = rg.rows if head_rows is None else min(head_rows, rg.rows)
+        start, end = self.layout.byte_range(block)
+        rows = int(self.layout.rows[block])
+        what = f"row group {group} (bytes [{start}, {end}))"
+        source = _RangeFile(info.bytes, [(start, data), (info.footer_offset, tail)], self._where(shard))
+        expected = rows if head_rows is None else min(head_rows, rows)
         try:
             parquet = pq.ParquetFile(source, metadata=metadata)
             if head_rows is None:
