@@ -26,6 +26,7 @@ from urllib.parse import urljoin, urlsplit
 
 from . import sitemaps
 from .extract import (
+    ByteBudget,
     ExtractionError,
     ExtractionPool,
     ExtractionTimeout,
@@ -36,7 +37,8 @@ from .extract import (
 from .fetch import HTML_TYPES, SITEMAP_TYPES, BlockedError, Fetcher, FetchError, FetchLimits, Response
 from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, ResultLog, now_ms
 from .oracle import DuplicateOracle, OracleError
-from .output import Committer, check_output_folder, warc_payload
+from .output import SHARD_PREFIX, Committer, check_output_folder, warc_payload
+from .partitions import Exchange, ExchangeError, Link, Partition, partition_of, write_json
 from .proxies import NoProxyAvailable, ProxyPool, ProxySpec
 from .robots import Robots, fetch_robots
 from .safety import AddressPolicy
@@ -51,7 +53,7 @@ HOST_WINDOW = 32  # queued URLs per host held in memory; the rest wait on disk i
 
 _NON_NEGATIVE = ("min_delay", "max_delay", "crawl_delay_cap", "max_retries", "max_depth", "max_redirects",
                  "max_body_bytes", "max_decompressed_bytes", "connect_timeout", "read_timeout",
-                 "total_timeout", "extract_timeout", "commit_every", "commit_interval")
+                 "total_timeout", "extract_timeout", "extract_buffer_bytes", "commit_every", "commit_interval")
 
 
 @dataclass
@@ -99,6 +101,7 @@ class CrawlConfig:
     extract: bool = True
     extract_workers: int = os.cpu_count() or 1  # the event loop needs little CPU; extraction takes it all
     extract_timeout: float = 30.0
+    extract_buffer_bytes: int = 64 * 1024 * 1024  # HTML waiting for an extraction worker, all pages together
     warc: bool = False
     commit_every: int = 1000
     commit_interval: float = 30.0
@@ -109,11 +112,14 @@ class CrawlConfig:
     progress_interval: float = 10.0
     retry_parked: bool = False
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    partitions: int = 1  # crawler processes, each owning the hosts whose registered domain hashes to it
 
     def __post_init__(self) -> None:
         """Refuse bad settings here, before a crawl creates any state."""
         if self.follow not in ("same-host", "any"):
             raise ValueError(f"follow must be 'same-host' or 'any', not {self.follow!r}")
+        if self.partitions < 1:
+            raise ValueError(f"partitions must be at least 1, not {self.partitions}")
         if self.per_host_concurrency < 1 or self.concurrency < 1:
             raise ValueError("concurrency and per_host_concurrency must be at least 1")
         if self.max_pages is not None and self.max_pages < 1:
@@ -197,11 +203,6 @@ def _retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def outcome_kind(outcome: str) -> str:
-    """The category of an outcome string (``"http 404"`` -> ``"http"``), for the summary."""
-    return outcome.split(":")[0].split(" ")[0]
-
-
 class Crawler:
     """A crawl into ``output``; ``run()`` resumes whatever state the output folder already holds.
 
@@ -210,8 +211,9 @@ class Crawler:
 
     def __init__(self, seeds: list[str], output: str, config: CrawlConfig | None = None,
                  on_progress: Callable[[dict[str, Any]], None] | None = None,
-                 oracle: DuplicateOracle | None = None) -> None:
+                 oracle: DuplicateOracle | None = None, partition: Partition | None = None) -> None:
         self.config = config or CrawlConfig()
+        self.partition = partition
         self.output = output
         self.seeds = list(seeds)
         self.on_progress = on_progress
@@ -241,6 +243,8 @@ class Crawler:
         self._oracle = oracle
         self._committing: asyncio.Future[int] | None = None
         self._dedup_counts = Counter[str]()
+        self._epoch = 0  # bumped whenever this partition gets work: the coordinator's proof of quiet
+        self._reported_idle: bool | None = None
 
     # -- public ------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -259,9 +263,15 @@ class Crawler:
         cfg = self.config
         started = time.monotonic()
         self.results = ResultLog(self.state_path, cfg.synchronous)
+        part = self.partition
         self.committer = Committer(self.output, self.results, shard_bytes=cfg.shard_bytes,
                                    row_group_bytes=cfg.row_group_bytes, warc=cfg.warc,
-                                   storage_options=cfg.storage_options)
+                                   storage_options=cfg.storage_options,
+                                   prefix=part.shard_prefix if part else SHARD_PREFIX,
+                                   segment=part.segment if part else None)
+        self.exchange = Exchange(part.root, part.index, part.count) if part else None
+        if part is not None:
+            self._report(idle=False)
         for orphan in self.committer.remove_orphans():
             log.info("removed %s: written by an interrupted commit, never listed by a manifest", orphan)
         if cfg.retry_parked:
@@ -274,6 +284,7 @@ class Crawler:
                                  cooldown=cfg.proxy_cooldown)
         self.pool = ExtractionPool(cfg.extract_workers, cfg.extract_timeout) if cfg.extract else None
         self._extract_slots = asyncio.Semaphore(max(4, 4 * cfg.extract_workers))
+        self._html_budget = ByteBudget(cfg.extract_buffer_bytes)
         self._slots = asyncio.Semaphore(cfg.concurrency)
         if self._oracle is not None:
             await self._oracle.open()
@@ -331,9 +342,14 @@ class Crawler:
             self._scope.add(host_of(url))
             yield url
 
+    def _owns(self, url: str) -> bool:
+        return self.partition is None or partition_of(url, self.partition.count) == self.partition.index
+
     def _admit_seeds(self) -> None:
         with self.frontier.transaction():
             for url in self._scoped_seeds(self.seeds):
+                if not self._owns(url):
+                    continue  # every partition gets every seed: all seed hosts are in everyone's scope
                 kind = KIND_SITEMAP if sitemaps.looks_like_sitemap(url) else KIND_PAGE
                 self.frontier.add(url, origin_of(url), 0, kind)
         for row in self.frontier.db.execute("SELECT DISTINCT url FROM urls WHERE depth = 0"):
@@ -349,6 +365,9 @@ class Crawler:
             return "url too long"
         if depth > cfg.max_depth:
             return "too deep"
+        if self.partition is not None and (owner := partition_of(url, self.partition.count)) != self.partition.index:
+            self.frontier.send(owner, url, depth, kind, via, hops, scoped)  # the owner checks scope and seen
+            return None
         name = host_of(url)
         if scoped and cfg.follow == "same-host" and name not in self._scope:
             return "out of scope"
@@ -446,6 +465,8 @@ class Crawler:
                 if request is not None:
                     return host, request
             if not self._heap and not self._tasks:
+                if self.partition is not None and await self._idle():
+                    continue
                 return None
             timeout = self._heap[0][0] - now if self._heap else None
             self._wake.clear()
@@ -663,11 +684,17 @@ class Crawler:
         if status >= 400 or status < 200:
             self._finish(request, f"http {status}")
             return
-        release()  # the connection is done; parsing and extraction do not hold the host's slot
         if request.kind == KIND_SITEMAP:
+            release()
             self._sitemap(request, response)
-        else:
+            return
+        held = len(response.body) if self.pool is not None else 0
+        await self._html_budget.acquire(held)  # still holding the connection slot: a full budget slows fetching
+        release()  # the connection is done; parsing and extraction do not hold the host's slot
+        try:
             await self._page(request, response)
+        finally:
+            await self._html_budget.release(held)
 
     def _finish(self, request: Request, outcome: str) -> None:
         with self.frontier.transaction():
@@ -778,6 +805,70 @@ class Crawler:
         self._dedup_counts["duplicates"] += 1
         return others[0]
 
+    # -- partitions --------------------------------------------------------------------------------
+    def _exchange(self) -> bool:
+        """Hand links to the partitions owning their hosts, and admit those handed to this one.
+
+        Returns whether any arrived. A received file is deleted only after its links are admitted and
+        this partition has reported itself busy, so the coordinator never sees it gone while we look idle.
+        """
+        assert self.exchange is not None
+        while rows := self.frontier.outbox():
+            by_destination: dict[int, list[Link]] = {}
+            for _id, destination, *link in rows:
+                by_destination.setdefault(destination, []).append(Link(*link))
+            for destination, links in by_destination.items():
+                self.exchange.post(destination, links, rows[-1][0])
+            self.frontier.handed_over(rows[-1][0])
+        files = self.exchange.received()
+        if not files:
+            return False
+        with self.frontier.transaction():
+            for path in files:
+                for link in Exchange.read(path):
+                    if isinstance(link, ExchangeError):
+                        self._error(str(link))
+                        continue
+                    try:
+                        url = normalize_url(link.url)
+                    except BadURL as exc:
+                        self._error(f"{path}: {exc}")
+                        continue
+                    if not link.scoped and link.depth == 0:
+                        self._scope.add(host_of(url))  # a seed's redirect target: its host joins the scope
+                    self._admit(url, link.depth, link.kind, link.via, link.hops, link.scoped)
+        self._report(idle=False)
+        for path in files:
+            os.remove(path)
+        return True
+
+    def _report(self, idle: bool) -> None:
+        """Tell the coordinator whether this partition is idle; every busy report is a new epoch."""
+        assert self.partition is not None
+        if idle and self._reported_idle:
+            return
+        self._epoch += not idle
+        self._reported_idle = idle
+        write_json(self.partition.status, {"idle": idle, "epoch": f"{os.getpid()}:{self._epoch}"})
+
+    async def _idle(self) -> bool:
+        """Nothing queued: pass links on, and wait for links from the other partitions until
+        the coordinator says every partition is idle and no link is on its way (False: stop)."""
+        assert self.partition is not None
+        while not self._stopping and not self._limit_reached():
+            self._exchange()
+            if self._heap or self._tasks:
+                return True
+            self._report(idle=True)
+            if os.path.exists(self.partition.done):
+                return False
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), 0.1)
+            except asyncio.TimeoutError:
+                pass
+        return False
+
     # -- commit, progress, health --------------------------------------------------------------
     def _commit(self) -> None:
         """Write the pending results into a shard in a thread, while the crawl goes on; one at a time.
@@ -785,6 +876,8 @@ class Crawler:
         The rows are already durable in the frontier, so nothing waits for the shard: while one is
         being written, the next commit starts with the first page that finds the previous one done.
         """
+        if self.exchange is not None:
+            self._exchange()
         if self._committing is not None and not self._committing.done():
             return
         self._pending_results = 0
@@ -798,7 +891,7 @@ class Crawler:
     async def _committer_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.commit_interval)
-            if self._pending_results:
+            if self._pending_results or self.exchange is not None:
                 self._commit()
 
     async def _progress_loop(self, started: float) -> None:
@@ -843,14 +936,9 @@ class Crawler:
 
     def _outcomes(self) -> tuple[dict[str, int], dict[str, str]]:
         """Every admitted URL (all runs) counted by outcome kind, and one outcome with a reason per kind."""
-        counts = Counter[str]()
-        examples: dict[str, str] = {}
-        for outcome, count in self.frontier.outcome_counts().items():
-            kind = outcome_kind(outcome)
-            counts[kind] += count
-            if outcome != kind:
-                examples.setdefault(kind, outcome)
-        return dict(counts), examples
+        counted = self.frontier.outcome_counts()
+        return ({kind: count for kind, (count, _example) in counted.items()},
+                {kind: example for kind, (_count, example) in counted.items() if example is not None})
 
     def _stats(self) -> dict[str, Any]:
         return {"crawl": {"documents": self._documents, "outcomes": self._outcomes()[0],
@@ -883,7 +971,24 @@ def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
     """
     cfg = config or CrawlConfig(**options)
     check_output_folder(output, cfg.storage_options)  # before any state is made
-    crawler = Crawler(seeds, output, cfg, on_progress, oracle)
+    if cfg.partitions > 1:
+        from .partitioned import Coordinator
+
+        merged, received = Coordinator(seeds, output, cfg, oracle).run()
+        summary = CrawlSummary(**merged)
+    else:
+        summary, received = run_until_signalled(Crawler(seeds, output, cfg, on_progress, oracle))
+    if signal.SIGINT in received:
+        log.warning("interrupted: %d documents stored in %s so far, %d URLs still queued; everything "
+                    "finished is committed", summary.documents, output, summary.queued)
+        raise KeyboardInterrupt
+    if received:
+        summary.stopped_by = received[0].name
+    return summary
+
+
+def run_until_signalled(crawler: Crawler) -> tuple[CrawlSummary, list[signal.Signals]]:
+    """Run a crawl on a new event loop with SIGINT/SIGTERM stopping it; returns the signals received."""
     received: list[signal.Signals] = []
 
     def on_signal(sig: signal.Signals) -> None:
@@ -905,11 +1010,4 @@ def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
             for sig in installed:
                 loop.remove_signal_handler(sig)
 
-    summary = asyncio.run(main())
-    if signal.SIGINT in received:
-        log.warning("interrupted: %d documents stored in %s so far, %d URLs still queued; everything "
-                    "finished is committed", summary.documents, output, summary.queued)
-        raise KeyboardInterrupt
-    if received:
-        summary.stopped_by = received[0].name
-    return summary
+    return asyncio.run(main()), received

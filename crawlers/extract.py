@@ -181,6 +181,30 @@ class _Worker:
 MAX_FAILED_STARTS = 3
 
 
+class ByteBudget:
+    """A cap on the bytes of HTML held by pages waiting for an extraction worker.
+
+    Why: a fetched page gives its connection back before extraction, so without a cap a slow pool
+    lets pages pile up in memory. A page waits here while it still holds its connection slot, so a
+    full budget slows fetching down instead. One page larger than the whole cap may go alone.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._changed = asyncio.Condition()
+
+    async def acquire(self, size: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.held == 0 or self.held + size <= self.limit)
+            self.held += size
+
+    async def release(self, size: int) -> None:
+        async with self._changed:
+            self.held -= size
+            self._changed.notify_all()
+
+
 class ExtractionPool:
     """Worker processes for :func:`process_document`, each document with its own time limit.
 

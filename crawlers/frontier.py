@@ -37,7 +37,12 @@ CREATE TABLE IF NOT EXISTS results (
     status INTEGER, fetch_time INTEGER, domain TEXT, language TEXT, content_hash TEXT,
     depth INTEGER, encoding TEXT, warc BLOB);
 CREATE TABLE IF NOT EXISTS shards (name TEXT PRIMARY KEY, info TEXT NOT NULL, warc TEXT);
+CREATE TABLE IF NOT EXISTS outcomes (kind TEXT PRIMARY KEY, count INTEGER NOT NULL, example TEXT);
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY, partition INTEGER NOT NULL, url TEXT NOT NULL, depth INTEGER NOT NULL,
+    kind INTEGER NOT NULL, via TEXT, hops INTEGER NOT NULL, scoped INTEGER NOT NULL);
 """
+QUEUED_KIND = "queued"
 
 RECENT_URLS = 50_000
 RESULT_COLUMNS = ("id", "text", "url", "final_url", "status", "fetch_time", "domain", "language",
@@ -113,7 +118,8 @@ class Frontier(_Store):
         for host_id, admitted in self.db.execute("SELECT host, COUNT(*) FROM urls GROUP BY host"):
             self._admitted[host_id] = admitted
         self._recent: set[str] = set()  # URLs known to be in the table: repeated links skip SQLite
-
+        self._sent: set[str] = set()  # URLs recently handed to another partition: repeats skip SQLite
+        self._count_existing_outcomes()
 
     # -- hosts ---------------------------------------------------------------------------------
     def host_id(self, origin: str) -> int:
@@ -145,15 +151,23 @@ class Frontier(_Store):
     def park_host(self, host_id: int, reason: str, outcome: str | None = None) -> int:
         """Park a host: its queued URLs are set aside with ``outcome`` (a re-run with unpark retries them)."""
         self._parked[host_id] = reason
+        outcome = outcome or f"host parked: {reason}"
         with self.transaction():
             self.db.execute("UPDATE hosts SET parked = ? WHERE id = ?", (reason, host_id))
-            return self.db.execute("UPDATE urls SET state = 2, outcome = ? WHERE host = ? AND state = 0",
-                                   (outcome or f"host parked: {reason}", host_id)).rowcount
+            count = self.db.execute("UPDATE urls SET state = 2, outcome = ? WHERE host = ? AND state = 0",
+                                    (outcome, host_id)).rowcount
+            self._count(QUEUED_KIND, -count)
+            self._count(outcome, count)
+            return count
 
     def unpark_all(self) -> int:
         self._parked.clear()
         with self.transaction():
             self.db.execute("UPDATE hosts SET parked = NULL")
+            for outcome, count in self.db.execute(
+                    "SELECT outcome, COUNT(*) FROM urls WHERE state = 2 GROUP BY 1").fetchall():
+                self._count(outcome, -count)
+                self._count(QUEUED_KIND, count)
             return self.db.execute("UPDATE urls SET state = 0, attempts = 0, outcome = NULL "
                                    "WHERE state = 2").rowcount
 
@@ -177,6 +191,7 @@ class Frontier(_Store):
         if row is None:
             return None
         self._admitted[host_id] += 1
+        self._count(QUEUED_KIND, 1)
         return Request(row[0], url, host_id, depth, kind, 0, via, hops)
 
     def recently_seen(self, url: str) -> bool:
@@ -195,18 +210,67 @@ class Frontier(_Store):
 
     def finish(self, request: Request, outcome: str) -> None:
         """The URL will not be fetched again; ``outcome`` says why (ok, http 404, robots, ...)."""
+        [previous] = self.db.execute("SELECT outcome FROM urls WHERE id = ?", (request.rowid,)).fetchone()
         self.db.execute("UPDATE urls SET state = 1, outcome = ?, attempts = ? WHERE id = ?",
                         (outcome, request.attempts, request.rowid))
+        self._count(previous or QUEUED_KIND, -1)
+        self._count(outcome, 1)
 
     def retry(self, request: Request) -> None:
         self.db.execute("UPDATE urls SET attempts = ? WHERE id = ?", (request.attempts, request.rowid))
 
     def queued_count(self) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM urls WHERE state = 0").fetchone()[0]
+        row = self.db.execute("SELECT count FROM outcomes WHERE kind = ?", (QUEUED_KIND,)).fetchone()
+        return row[0] if row else 0
 
-    def outcome_counts(self) -> dict[str, int]:
-        rows = self.db.execute("SELECT COALESCE(outcome, 'queued'), COUNT(*) FROM urls GROUP BY 1")
-        return dict(rows.fetchall())
+    def outcome_counts(self) -> dict[str, tuple[int, str | None]]:
+        """Every admitted URL counted by outcome kind, each with one full outcome as an example.
+
+        Why a table: the counts move in the transaction that changes an outcome, so reading them
+        costs the same at a thousand URLs as at a billion (a GROUP BY over the URLs took 3.9 s at 4 M).
+        """
+        rows = self.db.execute("SELECT kind, count, example FROM outcomes WHERE count != 0")
+        return {kind: (count, example) for kind, count, example in rows}
+
+    def _count(self, outcome: str, delta: int) -> None:
+        """Move ``delta`` URLs into ``outcome``'s kind (call inside the transaction changing them)."""
+        kind = outcome_kind(outcome)
+        example = outcome if outcome != kind else None
+        self.db.execute("INSERT INTO outcomes(kind, count, example) VALUES (?, ?, ?) ON CONFLICT(kind) DO UPDATE "
+                        "SET count = count + excluded.count, example = COALESCE(example, excluded.example)",
+                        (kind, delta, example))
+
+    def _count_existing_outcomes(self) -> None:
+        """Fill the counter table once for a frontier written before it existed (one GROUP BY, then never)."""
+        if self.db.execute("SELECT 1 FROM outcomes LIMIT 1").fetchone() is not None:
+            return
+        with self.transaction():
+            for outcome, count in self.db.execute(
+                    "SELECT COALESCE(outcome, ?), COUNT(*) FROM urls GROUP BY 1", (QUEUED_KIND,)).fetchall():
+                self._count(outcome, count)
+
+    # -- links to other partitions ----------------------------------------------------------------
+    def send(self, partition: int, url: str, depth: int, kind: int, via: str | None, hops: int,
+             scoped: bool) -> None:
+        """Keep a link for the partition that owns its host (inside the transaction that found it)."""
+        if url in self._sent:
+            return
+        if len(self._sent) >= RECENT_URLS:
+            self._sent.clear()
+        self._sent.add(url)
+        self.db.execute("INSERT INTO outbox(partition, url, depth, kind, via, hops, scoped) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)", (partition, url, depth, kind, via, hops, scoped))
+
+    def outbox(self, limit: int = 100_000) -> list[tuple[int, int, str, int, int, str | None, int, bool]]:
+        """The oldest links waiting to be handed over: (id, partition, url, depth, kind, via, hops, scoped)."""
+        rows = self.db.execute("SELECT id, partition, url, depth, kind, via, hops, scoped FROM outbox "
+                               "ORDER BY id LIMIT ?", (limit,))
+        return [(*row[:7], bool(row[7])) for row in rows]
+
+    def handed_over(self, last_id: int) -> None:
+        """Forget the links up to ``last_id``: their files are written."""
+        with self.transaction():
+            self.db.execute("DELETE FROM outbox WHERE id <= ?", (last_id,))
 
     # -- results and shards --------------------------------------------------------------------
     def store_result(self, request: Request, row: dict[str, Any], warc: bytes | None = None) -> None:
@@ -216,7 +280,8 @@ class Frontier(_Store):
             (request.rowid, *(row[c] for c in RESULT_COLUMNS), warc))
 
     def documents(self) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM urls WHERE outcome = 'ok'").fetchone()[0]
+        row = self.db.execute("SELECT count FROM outcomes WHERE kind = 'ok'").fetchone()
+        return row[0] if row else 0
 
 
 class ResultLog(_Store):
@@ -248,6 +313,11 @@ class ResultLog(_Store):
     def shards(self) -> list[tuple[str, dict[str, Any], str | None]]:
         rows = self.db.execute("SELECT name, info, warc FROM shards ORDER BY rowid")
         return [(name, json.loads(info), warc) for name, info, warc in rows]
+
+
+def outcome_kind(outcome: str) -> str:
+    """The category of an outcome string (``"http 404"`` -> ``"http"``), for the summary."""
+    return outcome.split(":")[0].split(" ")[0]
 
 
 def now_ms() -> int:

@@ -13,6 +13,7 @@ import io
 import json
 import posixpath
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -31,6 +32,7 @@ from pipeline.format import (
 )
 
 from .frontier import ResultLog
+from .partitions import write_json
 
 SHARD_PREFIX = "crawl"
 WARC_FOLDER = "warc"
@@ -114,8 +116,11 @@ class Committer:
     """
 
     def __init__(self, output: str, results: ResultLog, *, shard_bytes: int, row_group_bytes: int,
-                 warc: bool, storage_options: Mapping[str, Any] | None = None) -> None:
+                 warc: bool, storage_options: Mapping[str, Any] | None = None, prefix: str = SHARD_PREFIX,
+                 segment: str | None = None) -> None:
         self.output = output
+        self.prefix = prefix
+        self.segment = segment
         self.results = results
         self.shard_bytes = shard_bytes
         self.row_group_bytes = row_group_bytes
@@ -132,8 +137,8 @@ class Committer:
             if warc:
                 recorded.add(warc)
         removed = []
-        for path in self.fs.glob(posixpath.join(self.root, f"{SHARD_PREFIX}-*.parquet")) + self.fs.glob(
-                posixpath.join(self.root, WARC_FOLDER, f"{SHARD_PREFIX}-*.warc.gz")):
+        for path in self.fs.glob(posixpath.join(self.root, f"{self.prefix}-*.parquet")) + self.fs.glob(
+                posixpath.join(self.root, WARC_FOLDER, f"{self.prefix}-*.warc.gz")):
             relative = posixpath.relpath(path, self.root)
             if relative not in recorded:
                 self.fs.rm(path)
@@ -149,7 +154,7 @@ class Committer:
                 break
             run_id = uuid.uuid4().hex[:12]
             writer = ShardWriter(self.output, RAW_CRAWL_SCHEMA, shard_bytes=self.shard_bytes,
-                                 row_group_bytes=self.row_group_bytes, name_prefix=SHARD_PREFIX, run_id=run_id,
+                                 row_group_bytes=self.row_group_bytes, name_prefix=self.prefix, run_id=run_id,
                                  storage_options=self.storage_options)
             rows = [row for _rowid, row, _blob in pending]
             writer.write(_to_table(rows))
@@ -158,7 +163,7 @@ class Committer:
             infos = [info.to_dict() for info in writer.close()]
             warc_name = None
             if self.warc:
-                warc_name = posixpath.join(WARC_FOLDER, f"{SHARD_PREFIX}-{run_id}.warc.gz")
+                warc_name = posixpath.join(WARC_FOLDER, f"{self.prefix}-{run_id}.warc.gz")
                 self.fs.makedirs(posixpath.join(self.root, WARC_FOLDER), exist_ok=True)
                 records = [(row, blob) for (_r, row, blob) in pending if blob is not None]
                 with self.fs.open(posixpath.join(self.root, warc_name), "wb") as handle:
@@ -169,9 +174,28 @@ class Committer:
         return written
 
     def publish(self, stats: Mapping[str, Any]) -> None:
-        """Write the manifest listing every recorded shard (and WARC file)."""
+        """Write the manifest listing every recorded shard (and WARC file); a partition writes its
+        segment instead, and the coordinator publishes one manifest from all of them."""
         recorded = self.results.shards()
-        shards = [ShardInfo.from_dict(info) for _name, info, _warc in recorded]
-        warcs = sorted({warc for _n, _i, warc in recorded if warc})
-        write_manifest(self.output, shards, RAW_CRAWL_SCHEMA, stats=dict(stats),
-                       extra={"kind": RAW_CRAWL_KIND, "warc_files": warcs}, storage_options=self.storage_options)
+        segment = {"shards": [info for _name, info, _warc in recorded], "stats": dict(stats),
+                   "warc_files": sorted({warc for _n, _i, warc in recorded if warc})}
+        if self.segment is not None:
+            write_json(self.segment, segment)
+        else:
+            publish_segments(self.output, [segment], self.storage_options)
+
+
+def publish_segments(output: str, segments: list[Mapping[str, Any]],
+                     storage_options: Mapping[str, Any] | None = None) -> None:
+    """One manifest listing the shards of every segment, with their crawl statistics added up."""
+    shards = [ShardInfo.from_dict(info) for segment in segments for info in segment["shards"]]
+    warcs = sorted({warc for segment in segments for warc in segment["warc_files"]})
+    documents, outcomes, parked = 0, Counter[str](), {}
+    for segment in segments:
+        crawl = segment["stats"]["crawl"]
+        documents += crawl["documents"]
+        outcomes.update(crawl["outcomes"])
+        parked.update(crawl["parked_hosts"])
+    stats = {"crawl": {"documents": documents, "outcomes": dict(outcomes), "parked_hosts": parked}}
+    write_manifest(output, shards, RAW_CRAWL_SCHEMA, stats=stats,
+                   extra={"kind": RAW_CRAWL_KIND, "warc_files": warcs}, storage_options=storage_options)

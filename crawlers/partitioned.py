@@ -1,0 +1,208 @@
+"""A crawl as K partitions in local processes: each owns the hosts hashing to it (crawlers.partitions).
+
+Why processes: one event loop tops out at one core (parsing links, bookkeeping), so a second core
+needs a second crawler; giving each its own hosts keeps politeness and robots.txt per host exact
+with no coordination between them. The coordinator here only starts them, restarts one that dies
+(it resumes from its own frontier), publishes one manifest from their segments, and decides when
+the crawl is over: every live partition idle, twice in a row with the same epochs, and no file of
+links waiting for any of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import time
+from collections import Counter
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .oracle import DuplicateOracle
+from .output import publish_segments
+from .partitions import LAYOUT_FILE, Partition, read_json, waiting_files, write_json
+
+log = logging.getLogger("gristmill.crawl")
+POLL_S = 0.1
+MAX_RESTARTS = 3
+
+
+def _partition_main(seeds: list[str], output: str, config: Any, partition: Partition,
+                    oracle: DuplicateOracle | None, level: int, results: Connection) -> None:
+    """One partition's process: crawl its hosts until told to stop, then send back its summary."""
+    from .crawler import Crawler, run_until_signalled
+
+    logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s p{partition.index} %(message)s")
+    summary, received = run_until_signalled(Crawler(seeds, output, config, None, oracle, partition))
+    if received:
+        summary.stopped_by = received[0].name
+    results.send(summary.to_dict())
+
+
+def _state_root(output: str, state_dir: str | None) -> str:
+    if state_dir is not None:
+        return state_dir
+    if "://" in output and not output.startswith("file://"):
+        raise ValueError(f"{output}: a remote output needs state_dir (a local folder for the frontiers)")
+    return os.path.join(output.removeprefix("file://"), ".crawl")
+
+
+def check_layout(root: str, count: int) -> None:
+    """Refuse to resume with another number of partitions: hosts would change owners mid-crawl."""
+    layout = read_json(os.path.join(root, LAYOUT_FILE))
+    if os.path.exists(os.path.join(root, "frontier.sqlite")):
+        raise ValueError(f"{root} holds a one-partition crawl; resume it without --partitions")
+    if layout is None:
+        os.makedirs(root, exist_ok=True)
+        write_json(os.path.join(root, LAYOUT_FILE), {"partitions": count})
+    elif not isinstance(layout, dict) or layout.get("partitions") != count:
+        raise ValueError(f"{root} holds a crawl with {layout} partitions, not {count}; resume it with the same "
+                         "--partitions")
+
+
+def partition_config(config: Any, partition: Partition) -> Any:
+    """A partition's share of the crawl's limits: connections, extraction workers and pages split K ways."""
+    count = partition.count
+    return replace(config, partitions=1, state_dir=partition.folder,
+                   concurrency=max(1, config.concurrency // count),
+                   extract_workers=max(1, config.extract_workers // count),
+                   max_pages=None if config.max_pages is None else math.ceil(config.max_pages / count))
+
+
+class Coordinator:
+    """Runs the partition processes of one crawl and publishes its manifest."""
+
+    def __init__(self, seeds: list[str], output: str, config: Any, oracle: DuplicateOracle | None) -> None:
+        self.seeds, self.output, self.config, self.oracle = seeds, output, config, oracle
+        self.root = _state_root(output, config.state_dir)
+        check_layout(self.root, config.partitions)
+        self.parts = [Partition(i, config.partitions, self.root) for i in range(config.partitions)]
+        self.context = multiprocessing.get_context("spawn")
+        self.processes: dict[int, tuple[Any, Connection]] = {}
+        self.summaries: dict[int, dict[str, Any]] = {}
+        self.restarts = Counter[int]()
+        self.errors: list[str] = []
+        self.received: list[signal.Signals] = []
+        self._segments_seen: dict[int, float] = {}
+
+    def _start(self, part: Partition) -> None:
+        os.makedirs(part.folder, exist_ok=True)
+        for stale in (part.status,):
+            if os.path.exists(stale):
+                os.remove(stale)  # a status left by a dead process must not count as idle
+        receive, send = self.context.Pipe(duplex=False)
+        process = self.context.Process(
+            target=_partition_main, name=f"gristmill-crawl-p{part.index}", daemon=False,
+            args=(self.seeds, self.output, partition_config(self.config, part), part, self.oracle,
+                  logging.getLogger().getEffectiveLevel(), send))
+        process.start()
+        send.close()
+        self.processes[part.index] = (process, receive)
+
+    def _on_signal(self, number: int, _frame: Any) -> None:
+        self.received.append(signal.Signals(number))
+        for process, _ in self.processes.values():
+            if process.is_alive():
+                os.kill(process.pid, number)
+
+    def run(self) -> tuple[dict[str, Any], list[signal.Signals]]:
+        """Crawl until every partition is done (or a signal stops them); returns the merged summary."""
+        started = time.monotonic()
+        if os.path.exists(self.parts[0].done):
+            os.remove(self.parts[0].done)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for part in self.parts:
+                self._start(part)
+            quiet_before = None
+            while self.processes:
+                time.sleep(POLL_S)
+                self._collect()
+                self._publish()
+                quiet = self._quiet()
+                if quiet is not None and quiet == quiet_before:
+                    write_json(self.parts[0].done, {"epochs": quiet})
+                quiet_before = quiet
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            for process, _ in self.processes.values():
+                process.terminate()
+                process.join()
+        self._publish(force=True)
+        return self._summary(time.monotonic() - started), self.received
+
+    def _collect(self) -> None:
+        """Take finished partitions' summaries; restart a partition whose process died without one."""
+        for index, (process, results) in list(self.processes.items()):
+            try:
+                if results.poll():
+                    self.summaries[index] = results.recv()
+            except EOFError:  # the process ended without sending a summary
+                pass
+            if process.is_alive():
+                continue
+            process.join()
+            del self.processes[index]
+            if index in self.summaries:
+                continue
+            why = f"partition {index} died (exit code {process.exitcode})"
+            if self.received or self.restarts[index] >= MAX_RESTARTS:
+                self.errors.append(f"{why}; run the crawl again to resume it")
+                log.error("%s; run the crawl again to resume it", why)
+                continue
+            self.restarts[index] += 1
+            log.warning("%s; restarting it from its frontier (restart %d)", why, self.restarts[index])
+            self._start(self.parts[index])
+
+    def _quiet(self) -> tuple[str, ...] | None:
+        """The live partitions' epochs when all are idle and no links wait for them, else None."""
+        if not self.processes:
+            return None
+        epochs = []
+        for index in sorted(self.processes):
+            status = read_json(self.parts[index].status)
+            if not isinstance(status, dict) or status.get("idle") is not True:
+                return None
+            epochs.append(str(status.get("epoch")))
+        if waiting_files(self.root, self.processes):
+            return None
+        return tuple(epochs)
+
+    def _segments(self) -> list[dict[str, Any]]:
+        segments = []
+        for part in self.parts:
+            segment = read_json(part.segment)
+            if segment is not None:
+                segments.append(segment)
+        return segments
+
+    def _publish(self, force: bool = False) -> None:
+        """Publish the manifest when any partition committed since the last time."""
+        stamps = {p.index: os.path.getmtime(p.segment) for p in self.parts if os.path.exists(p.segment)}
+        if stamps != self._segments_seen or force:
+            publish_segments(self.output, self._segments(), self.config.storage_options)
+            self._segments_seen = stamps
+
+    def _summary(self, elapsed: float) -> dict[str, Any]:
+        """The partitions' summaries added up (a partition that never reported counts as empty)."""
+        parts = list(self.summaries.values())
+        fetched = sum(s["fetched_this_run"] for s in parts)
+        merged: dict[str, Any] = {"output": self.output, "elapsed_s": elapsed,
+                                  "pages_per_s": fetched / elapsed if elapsed > 0 else 0.0,
+                                  "errors": [e for s in parts for e in s["errors"]] + self.errors,
+                                  "proxies": [p for s in parts for p in s["proxies"]],
+                                  "stopped_by": next((s["stopped_by"] for s in parts if s["stopped_by"]), None)}
+        for key in ("documents", "fetched_this_run", "requests", "bytes", "queued"):
+            merged[key] = sum(s[key] for s in parts)
+        for key in ("status_counts", "outcomes", "dedup_service"):
+            total = Counter[str]()
+            for s in parts:
+                total.update(s[key])
+            merged[key] = dict(total)
+        for key in ("parked_hosts", "hosts", "outcome_examples"):
+            merged[key] = {k: v for s in parts for k, v in s[key].items()}
+        return merged

@@ -1,0 +1,189 @@
+"""Host partitions: which partition owns a host, and the durable outboxes that carry links between them.
+
+Why registered domains: politeness, robots.txt and the frontier are per host, so a host must belong
+to exactly one partition; hashing the registered domain (``bbc.co.uk`` for ``www.bbc.co.uk``, from
+the public suffix list bundled with ``tldextract``, never fetched) also keeps a site's subdomains,
+which usually share servers, in one partition. Hosts the list does not know (``*.test``, IP
+literals) are keyed by themselves; an IP literal with its port, since the crawler's unit of
+politeness is the origin.
+
+Why files: a link to another partition's host is first written to the source's frontier, in the
+same transaction as the page that found it (so a crash loses nothing); at its next commit the source
+moves them into one file per destination under ``exchange/to-<dst>/``, written whole under a unique
+name. The owner admits a file's links in one transaction and only then deletes it: a crash in
+between re-admits links that are already seen, which changes nothing.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+
+import xxhash
+
+from .urls import host_of, origin_of
+
+EXCHANGE = "exchange"
+STATUS_FILE = "status.json"
+DONE_FILE = "done"
+LAYOUT_FILE = "partitions.json"
+
+
+@lru_cache(maxsize=1)
+def _suffix_list():  # type: ignore[no-untyped-def]
+    import tldextract
+
+    # suffix_list_urls=() and no cache folder: the snapshot inside the package, no network, no disk.
+    return tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None, include_psl_private_domains=True)
+
+
+@lru_cache(maxsize=65536)
+def partition_key(url: str) -> str:
+    """What decides a URL's partition: its registered domain, else its host (an IP with its port)."""
+    host = host_of(url)
+    try:
+        ipaddress.ip_address(host)
+        return origin_of(url).split("//", 1)[1]
+    except ValueError:
+        pass
+    return _suffix_list()(host).top_domain_under_public_suffix or host
+
+
+def partition_of(url: str, count: int) -> int:
+    """The partition (0..count-1) that owns ``url``'s host."""
+    return xxhash.xxh64_intdigest(partition_key(url).encode()) % count if count > 1 else 0
+
+
+@dataclass(frozen=True)
+class Link:
+    """A URL on its way to the partition that owns its host, with what admission needs to know."""
+
+    url: str
+    depth: int
+    kind: int
+    via: str | None
+    hops: int
+    scoped: bool
+
+
+class ExchangeError(ValueError):
+    """A file in an inbox that is not what a partition wrote; the message names the file and line."""
+
+
+def _link_from_json(line: str, where: str) -> Link:
+    try:
+        data = json.loads(line)
+    except ValueError as exc:
+        raise ExchangeError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(data, list) or len(data) != 6:
+        raise ExchangeError(f"{where}: expected [url, depth, kind, via, hops, scoped]")
+    url, depth, kind, via, hops, scoped = data
+    if not (isinstance(url, str) and url.startswith(("http://", "https://")) and "/" in url.split("//", 1)[1]
+            and type(depth) is int and depth >= 0 and kind in (0, 1) and (via is None or isinstance(via, str))
+            and type(hops) is int and hops >= 0 and isinstance(scoped, bool)):
+        raise ExchangeError(f"{where}: malformed link {line[:200]!r}")
+    return Link(url, depth, kind, via, hops, scoped)
+
+
+class Exchange:
+    """One partition's view of the exchange folder: its outboxes to the others and its inbox."""
+
+    def __init__(self, root: str, index: int, count: int) -> None:
+        self.root = root
+        self.index = index
+        self.count = count
+        self.inbox = os.path.join(root, EXCHANGE, f"to-{index}")
+        for destination in range(count):
+            folder = os.path.join(root, EXCHANGE, f"to-{destination}")
+            os.makedirs(folder, exist_ok=True)
+            for name in os.listdir(folder):  # half-written by this partition before a crash: never posted
+                if name.startswith(f"from-{index}-") and name.endswith(".tmp"):
+                    os.remove(os.path.join(folder, name))
+
+    def post(self, destination: int, links: list[Link], last_id: int) -> str:
+        """Write ``links`` for ``destination`` as one file that appears whole (temp name, then rename)."""
+        name = f"from-{self.index}-{last_id:016d}-{uuid.uuid4().hex[:8]}.jsonl"
+        path = os.path.join(self.root, EXCHANGE, f"to-{destination}", name)
+        temporary = path + ".tmp"
+        with open(temporary, "w", encoding="utf-8") as handle:
+            for link in links:
+                handle.write(json.dumps([link.url, link.depth, link.kind, link.via, link.hops, link.scoped]) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+        return path
+
+    def received(self) -> list[str]:
+        """Files waiting in this partition's inbox, oldest name first."""
+        return sorted(os.path.join(self.inbox, name) for name in os.listdir(self.inbox) if name.endswith(".jsonl"))
+
+    @staticmethod
+    def read(path: str) -> Iterator[Link | ExchangeError]:
+        """The links of one inbox file; a bad line yields an error naming file and line, the rest go on."""
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield _link_from_json(line, f"{path}:{number}")
+                except ExchangeError as exc:
+                    yield exc
+
+
+
+def waiting_files(root: str, destinations: Iterable[int]) -> int:
+    """Files of links still waiting in the inboxes of ``destinations``."""
+    return sum(1 for destination in destinations
+               for name in os.listdir(os.path.join(root, EXCHANGE, f"to-{destination}")) if name.endswith(".jsonl"))
+
+
+def write_json(path: str, value: object) -> None:
+    """Replace a small JSON file whole (readers see the old or the new one, never half)."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(value, handle)
+    os.replace(temporary, path)
+
+
+def read_json(path: str) -> object | None:
+    """A small JSON file, or None when it is missing or not JSON (a reader never trusts it further)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Which partition a crawler is (``index`` of ``count``), and the state folder all partitions share."""
+
+    index: int
+    count: int
+    root: str
+
+    @property
+    def folder(self) -> str:
+        return os.path.join(self.root, f"p{self.index}")
+
+    @property
+    def shard_prefix(self) -> str:
+        return f"crawl-p{self.index}"
+
+    @property
+    def segment(self) -> str:
+        """This partition's part of the manifest: its shards and statistics, rewritten at its commits."""
+        return os.path.join(self.folder, "segment.json")
+
+    @property
+    def status(self) -> str:
+        return os.path.join(self.folder, STATUS_FILE)
+
+    @property
+    def done(self) -> str:
+        return os.path.join(self.root, DONE_FILE)

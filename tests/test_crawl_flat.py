@@ -1,0 +1,157 @@
+"""Costs that must not grow with the crawl, and the pieces partitions are built from, without a network.
+
+The outcome counters kept in the frontier's own table must always equal a GROUP BY over every URL;
+exchange files between partitions are hostile input (a bad line is named, the rest is admitted);
+the partition of a host comes from the bundled public suffix list without touching the network;
+the HTML waiting for extraction never exceeds its byte cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from crawlers.extract import ByteBudget
+from crawlers.frontier import Frontier, outcome_kind
+from crawlers.partitions import Exchange, ExchangeError, Link, partition_key, partition_of
+
+OUTCOMES = ["ok", "http 404", "robots: disallowed by robots.txt", "failed: http 503 (after 4 attempts)",
+            "duplicate: of abc (dedup service)", "redirect", "empty: no main text"]
+
+
+def _group_by(frontier: Frontier) -> dict[str, int]:
+    counts = Counter[str]()
+    for outcome, count in frontier.db.execute("SELECT COALESCE(outcome, 'queued'), COUNT(*) FROM urls GROUP BY 1"):
+        counts[outcome_kind(outcome)] += count
+    return dict(counts)
+
+
+operation = st.one_of(
+    st.tuples(st.just("add"), st.integers(0, 40), st.integers(0, 3)),
+    st.tuples(st.just("finish"), st.integers(0, 40), st.sampled_from(OUTCOMES)),
+    st.tuples(st.just("park"), st.integers(0, 3), st.sampled_from(["5 consecutive failures", "robots"])),
+    st.tuples(st.just("unpark"), st.just(0), st.just(0)),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(operation, max_size=60))
+def test_outcome_counters_always_equal_a_group_by_over_every_url(tmp_path_factory: pytest.TempPathFactory,
+                                                                  operations: list) -> None:
+    frontier = Frontier(str(tmp_path_factory.mktemp("f") / "frontier.sqlite"))
+    requests = {}
+    for name, a, b in operations:
+        with frontier.transaction():
+            if name == "add":
+                request = frontier.add(f"http://h{b}.test/{a}", f"http://h{b}.test", 1)
+                if request is not None:
+                    requests[a, b] = request
+            elif name == "finish" and requests:
+                frontier.finish(list(requests.values())[a % len(requests)], b)
+            elif name == "park" and requests:
+                frontier.park_host(list(requests.values())[a % len(requests)].host, b)
+            elif name == "unpark":
+                frontier.unpark_all()
+    counted = {kind: count for kind, (count, _example) in frontier.outcome_counts().items()}
+    assert counted == _group_by(frontier)
+    assert frontier.queued_count() == frontier.db.execute("SELECT COUNT(*) FROM urls WHERE state = 0").fetchone()[0]
+    frontier.close()
+
+
+def test_a_frontier_from_before_the_counter_table_is_counted_once_on_open(tmp_path: Path) -> None:
+    path = str(tmp_path / "frontier.sqlite")
+    frontier = Frontier(path)
+    with frontier.transaction():
+        for i in range(10):
+            request = frontier.add(f"http://a.test/{i}", "http://a.test", 0)
+            assert request is not None
+            if i % 3 == 0:
+                frontier.finish(request, "http 404")
+        frontier.db.execute("DELETE FROM outcomes")  # as an older version left it
+    frontier.close()
+    reopened = Frontier(path)
+    assert {k: c for k, (c, _e) in reopened.outcome_counts().items()} == {"queued": 6, "http": 4}
+    assert reopened.outcome_counts()["http"][1] == "http 404"
+    reopened.close()
+
+
+lines = st.one_of(
+    st.builds(lambda link: json.dumps(link), st.tuples(
+        st.sampled_from(["http://a.test/x", "https://b.test/y?q=1", "http://127.0.0.1:8080/"]),
+        st.integers(0, 20), st.sampled_from([0, 1]), st.none() | st.just("http://c.test/"), st.integers(0, 5),
+        st.booleans()).map(list)),
+    st.text(max_size=40).filter(lambda t: "\n" not in t and "\r" not in t),
+    st.builds(lambda v: json.dumps(v), st.lists(st.integers() | st.text(max_size=5) | st.none(), max_size=7)),
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(lines, max_size=12))
+def test_an_exchange_file_yields_each_good_link_and_names_each_bad_line(tmp_path_factory: pytest.TempPathFactory,
+                                                                       content: list[str]) -> None:
+    path = tmp_path_factory.mktemp("x") / "from-1-0.jsonl"
+    path.write_text("\n".join(content) + "\n", encoding="utf-8")
+    results = list(Exchange.read(str(path)))
+    assert len(results) == sum(1 for line in content if line.strip())
+    numbered = [n for n, line in enumerate(content, 1) if line.strip()]
+    for number, result in zip(numbered, results):
+        if isinstance(result, ExchangeError):
+            assert f"{path}:{number}:" in str(result)
+        else:
+            assert isinstance(result, Link) and json.loads(content[number - 1])[0] == result.url
+
+
+def test_posted_links_arrive_whole_in_the_owners_inbox(tmp_path: Path) -> None:
+    source, owner = Exchange(str(tmp_path), 0, 2), Exchange(str(tmp_path), 1, 2)
+    links = [Link(f"http://b.test/{i}", 1, 0, "http://a.test/", 0, True) for i in range(3)]
+    source.post(1, links, last_id=7)
+    [path] = owner.received()
+    assert list(Exchange.read(path)) == links
+    assert source.received() == []
+
+
+def test_partition_keys_come_from_the_bundled_suffix_list_without_the_network(monkeypatch) -> None:
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the public suffix list tried to reach the network")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    partition_key.cache_clear()
+    assert partition_key("http://www.bbc.co.uk/news") == partition_key("https://sport.bbc.co.uk/") == "bbc.co.uk"
+    assert partition_key("http://alice.github.io/") != partition_key("http://bob.github.io/")  # private suffixes
+    assert partition_key("http://lindenpost.test:8080/") == "lindenpost.test"  # no known suffix: the host
+    assert partition_key("http://127.0.0.1:8080/") != partition_key("http://127.0.0.1:8081/")  # IPs: the origin
+    for count in (2, 3, 7):
+        assert partition_of("http://www.bbc.co.uk/", count) == partition_of("http://bbc.co.uk/x", count)
+        assert 0 <= partition_of("http://example.org/", count) < count
+
+
+def test_html_waiting_for_extraction_stays_under_its_byte_cap() -> None:
+    async def main() -> list[tuple[int, int]]:
+        budget = ByteBudget(100)
+        holders, seen = 0, []
+
+        async def page(size: int) -> None:
+            nonlocal holders
+            await budget.acquire(size)
+            holders += 1
+            seen.append((budget.held, holders))
+            await asyncio.sleep(0.01)
+            holders -= 1
+            await budget.release(size)
+
+        await asyncio.gather(*(page(size) for size in [60, 30, 50, 250, 10, 90, 40]))
+        assert budget.held == 0
+        return seen
+
+    seen = asyncio.run(main())
+    assert len(seen) == 7
+    assert all(held <= 100 or holders == 1 for held, holders in seen)  # a page over the cap goes alone
+    assert max(holders for _held, holders in seen) >= 2  # pages under the cap do share it

@@ -1,0 +1,169 @@
+"""``partitions=K``: K crawler processes, each owning the hosts whose registered domain hashes to it.
+
+Against the bundled demo sites (five hosts on 127.0.0.1 ports, linking across hosts): the same URLs
+are stored as by one partition, none twice, and the servers see each host's limits kept. A partition
+SIGKILLed mid-crawl is restarted from its frontier, and a re-run adds nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from aiohttp import web
+from sessions import kill_session
+
+from crawlers import crawl
+from crawlers.partitions import partition_of
+from pipeline.demo.site.server import DemoSite
+from pipeline.format import Corpus
+
+pytestmark = pytest.mark.timeout(180)
+ROOT = Path(__file__).resolve().parents[1]
+MIN_DELAY = 0.12
+
+
+class TimedDemoSite(DemoSite):
+    """The demo sites, logging each request's arrival time and the requests open per host."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.arrivals: dict[str, list[float]] = defaultdict(list)
+        self.open: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
+
+    def _handler(self, host: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        inner = super()._handler(host)
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            self.arrivals[host].append(time.monotonic())
+            self.open[host] += 1
+            self.peak[host] = max(self.peak[host], self.open[host])
+            try:
+                return await inner(request)
+            finally:
+                self.open[host] -= 1
+
+        return handle
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[TimedDemoSite]:
+    with TimedDemoSite() as demo:
+        yield demo
+
+
+def stored_urls(out: Path) -> list[str]:
+    """Every ``url`` the committed manifest's shards hold (duplicates kept, to be counted)."""
+    corpus = Corpus.open(str(out))
+    return [url for shard in corpus.manifest.shards
+            for url in pq.read_table(out / shard.path, columns=["url"]).column("url").to_pylist()]
+
+
+def _crawl(site: DemoSite, out: Path, partitions: int) -> list[str]:
+    crawl(site.seeds, str(out), allow_networks=["127.0.0.0/8"], host_map=site.host_map, min_delay=MIN_DELAY,
+          adaptive=False, per_host_concurrency=1, extract=False, partitions=partitions, commit_interval=0.5,
+          progress_interval=60.0)
+    return stored_urls(out)
+
+
+def test_the_demo_sites_span_partitions_and_link_across_hosts(site: TimedDemoSite) -> None:
+    """What the tests below rely on: hosts in every partition, and links that leave their host."""
+    for count in (2, 3):
+        assert {partition_of(seed, count) for seed in site.seeds} == set(range(count))
+    hosts = {url.split("/")[2]: url.split("/")[2] for url in site.seeds}
+    crossing = [url for url, page in site.pages()
+                if any(h in page.body for h in hosts if h != url.split("/")[2])]
+    assert crossing, "no demo page links to another host"
+
+
+@pytest.fixture(scope="module")
+def single(site: TimedDemoSite, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """What one crawler stores from the demo sites."""
+    return _crawl(site, tmp_path_factory.mktemp("single") / "out", 1)
+
+
+@pytest.mark.parametrize("partitions", [2, 3])
+def test_partitions_store_what_one_crawler_stores_once_each_and_politely(site: TimedDemoSite, tmp_path: Path,
+                                                                        single: list[str], partitions: int) -> None:
+    site.arrivals.clear()
+    site.peak.clear()
+    split = _crawl(site, tmp_path / "split", partitions)
+    assert len(single) == len(set(single)) > 50
+    assert len(split) == len(set(split)), "a URL was stored twice"
+    assert set(split) == set(single)
+    shards_by_partition = {shard.path.split("-")[1] for shard in Corpus.open(str(tmp_path / "split")).manifest.shards}
+    assert shards_by_partition == {f"p{i}" for i in range(partitions)}
+    for host, times in site.arrivals.items():
+        assert site.peak[host] == 1, f"{host} had {site.peak[host]} requests open at once"
+        # the rate over any six requests in a row; one gap may shrink by the jitter of a busy loop
+        spans = [b - a for a, b in zip(times, times[5:])]
+        assert min(spans) >= 5 * MIN_DELAY - 0.05, f"{host}: six requests within {min(spans):.3f} s"
+
+
+RUNNER = """
+import json, sys
+from crawlers import crawl
+seeds, out, host_map = json.loads(sys.argv[1])
+summary = crawl(seeds, out, allow_networks=["127.0.0.0/8"], host_map=host_map, min_delay=0.02, adaptive=False,
+                extract=False, partitions=2, commit_every=5, commit_interval=0.3, progress_interval=60.0)
+print(json.dumps({"documents": summary.documents, "errors": summary.errors}))
+"""
+
+
+def _partition_pid(out: Path, index: int) -> int | None:
+    try:
+        status = json.loads((out / ".crawl" / f"p{index}" / "status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return int(status["epoch"].split(":")[0])
+
+
+def test_a_partition_killed_mid_crawl_restarts_and_nothing_is_lost_or_stored_twice(
+        site: TimedDemoSite, single: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    victim = partition_of(site.seeds[0], 2)
+    argument = json.dumps([site.seeds, str(out), site.host_map])
+    hits_before = len(site.hits)
+    process = subprocess.Popen([sys.executable, "-c", RUNNER, argument], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (len(site.hits) < hits_before + 30 or _partition_pid(out, victim) is None) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        killed = _partition_pid(out, victim)
+        assert killed is not None and process.poll() is None, "the crawl ended before the kill"
+        os.kill(killed, signal.SIGKILL)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        kill_session(process.pid)
+    assert process.returncode == 0, stderr[-2000:]
+    assert "restarting it from its frontier" in stderr
+    assert _partition_pid(out, victim) != killed
+    first = stored_urls(out)
+    assert len(first) == len(set(first)), "a URL was stored twice"
+    assert set(first) == set(single), "the restarted partition lost URLs"
+    hits_before = len(site.hits)
+    rerun = crawl(site.seeds, str(out), allow_networks=["127.0.0.0/8"], host_map=site.host_map, min_delay=0.02,
+                  extract=False, partitions=2, progress_interval=60.0)
+    assert rerun.fetched_this_run == 0 and rerun.documents == len(first)
+    assert all(hit.path == "/robots.txt" for hit in site.hits[hits_before:])  # nothing fetched again
+    assert stored_urls(out) == first
+
+
+def test_another_number_of_partitions_is_refused_on_resume(site: TimedDemoSite, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / ".crawl").mkdir(parents=True)
+    (out / ".crawl" / "partitions.json").write_text(json.dumps({"partitions": 3}))
+    with pytest.raises(ValueError, match="with the same --partitions"):
+        crawl(site.seeds, str(out), allow_networks=["127.0.0.0/8"], partitions=2)
