@@ -276,11 +276,10 @@ def params() -> IndexParams:
 
 
 def test_log_written_with_other_parameters_is_refused(tmp_path: Path) -> None:
-    service = DedupService(params(), str(tmp_path / "inserts.log"))
-    service.log.close()
+    DedupService(str(tmp_path), params()).close()
     other = IndexParams(num_perm=64, ngram=3, bands=8, rows=8, seed=8, threshold=0.7)
     with pytest.raises(LogError, match="inserts.log: written for index parameters"):
-        DedupService(other, str(tmp_path / "inserts.log"))
+        DedupService(str(tmp_path), other)
 
 
 # -- the batch job's index ----------------------------------------------------------------------

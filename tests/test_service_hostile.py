@@ -143,13 +143,14 @@ def test_generated_bodies_never_give_500_and_refusals_change_nothing(tmp_path: P
 # -- a log append that fails ---------------------------------------------------------------------
 def test_a_failed_log_append_inserts_nothing(tmp_path: Path) -> None:
     # compile (and cache) the hashing kernels here, so the limited server only reads the cache
-    service = DedupService(params_for(0.8, 128, 5), str(tmp_path / "warm.log"))
+    service = DedupService(str(tmp_path / "warm"), params_for(0.8, 128, 5))
     asyncio.run(service.handle([Doc("warm the kernels", None)], add=False))
-    service.log.close()
+    service.close()
 
     def limit_file_size() -> None:  # runs in the server process: a file system that fills up
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+        # 64 KiB: the log (records of ~1,070 bytes) fills before the rows file (rows of 1,048 bytes)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
 
     state = tmp_path / "state"
     server = start_server(state, preexec_fn=limit_file_size)
@@ -157,11 +158,11 @@ def test_a_failed_log_append_inserts_nothing(tmp_path: Path) -> None:
     try:
         client = DedupClient(server.url)
         with pytest.raises(ServiceError) as refused:  # adds until the log is full
-            for i in range(20):
+            for i in range(100):
                 client.add([(f"doc-{i}", text(i))])
                 acked.append(i)
         assert refused.value.status == 503 and "nothing of this request was inserted" in refused.value.reason
-        assert 0 < len(acked) < 20
+        assert 0 < len(acked) < 100
         size = (state / "inserts.log").stat().st_size
         stats = client.stats()
         assert stats["documents"] == stats["added"] == len(acked) and stats["log_bytes"] == size
@@ -302,7 +303,7 @@ def test_malformed_http_is_answered_in_json(impatient_server: Server) -> None:
 
 # -- large batches ---------------------------------------------------------------------------------
 def test_a_large_batch_lets_other_work_run_while_it_is_hashed(tmp_path: Path) -> None:
-    service = DedupService(params_for(0.8, 128, 5), str(tmp_path / "inserts.log"))
+    service = DedupService(str(tmp_path), params_for(0.8, 128, 5))
     docs = [Doc(text(i, words=3000), None) for i in range(200)]
     slices = sum(len(d.text) for d in docs) // FINGERPRINT_SLICE_CHARS
     assert slices >= 4
@@ -316,7 +317,7 @@ def test_a_large_batch_lets_other_work_run_while_it_is_hashed(tmp_path: Path) ->
         return turns, batch.result()
 
     turns, results = asyncio.run(race())
-    service.log.close()
+    service.close()
     assert len(results) == len(docs) and all(r["new"] for r in results)
     assert turns >= slices
 

@@ -9,14 +9,16 @@ import sys
 from pipeline.service.client import TOKEN_ENV
 
 HELP = "Serve dedup checks over HTTP: POST /check and /add against a corpus's signature index plus everything added."
-LOG_NAME = "inserts.log"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", metavar="CORPUS",
                         help="corpus whose signature index to load (written by gristmill dedup); omit to start empty")
     parser.add_argument("--state", default="gristmill-serve-state", metavar="DIR",
-                        help="local folder for the insert log replayed at start (default: %(default)s)")
+                        help="local folder for the snapshots, insert logs and memory-mapped signatures "
+                             "(default: %(default)s)")
+    parser.add_argument("--compact-every", type=int, default=1_000_000, metavar="N",
+                        help="write a new snapshot in the background after N inserts (default %(default)s)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default %(default)s); any non-loopback address needs a token")
     parser.add_argument("--port", type=int, default=8765, help="port (default %(default)s; 0 picks a free one)")
@@ -29,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longest wait for a request's head or body; a slower client is cut off "
                              "(default %(default)s)")
     parser.add_argument("--export", metavar="OUT",
-                        help="instead of serving: write base + added documents as a corpus index at OUT "
-                             "(what gristmill dedup --against reads) and exit")
+                        help="instead of serving: write every document the state holds as a corpus index "
+                             "at OUT (what gristmill dedup --against reads) and exit")
     empty = parser.add_argument_group("parameters of an empty index (without --index)")
     empty.add_argument("--threshold", type=float, default=0.8)
     empty.add_argument("--num-perm", type=int, default=128)
@@ -58,30 +60,29 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     from pipeline.format import CorpusError
-    from pipeline.format.signature_index import check_export_folder, load_index, params_for, write_index
-    from pipeline.service.server import DedupService, LogError, check_bind, serve_forever
+    from pipeline.format.signature_index import check_export_folder, params_for, write_index
+    from pipeline.service.server import DedupService, LogError, StateError, check_bind, serve_forever
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        if args.max_batch < 1 or not args.max_body_mb > 0 or not args.read_timeout > 0:
-            raise ValueError("--max-batch, --max-body-mb and --read-timeout must be positive")
+        if args.max_batch < 1 or not args.max_body_mb > 0 or not args.read_timeout > 0 or args.compact_every < 1:
+            raise ValueError("--max-batch, --max-body-mb, --read-timeout and --compact-every must be positive")
         token = _token(args)
         check_bind(args.host, token)
         if args.export:
             check_export_folder(args.export)  # before loading: refused in a second, not after minutes
-        if args.index:
-            params, base = load_index(args.index)
-        else:
-            params, base = params_for(args.threshold, args.num_perm, args.ngram), None
-        service = DedupService(params, os.path.join(args.state, LOG_NAME), base)
-    except (OSError, ValueError, CorpusError, LogError) as exc:
+        params = None if args.index else params_for(args.threshold, args.num_perm, args.ngram)
+        service = DedupService(args.state, params, index_url=args.index, compact_every=args.compact_every)
+    except (OSError, ValueError, CorpusError, LogError, StateError) as exc:
         print(f"gristmill serve: {exc}", file=sys.stderr)
         return 2
     print(f"gristmill serve: {len(service.index)} documents ({service.index.base_count} from the index, "
-          f"{service.counters.replayed} replayed from {service.log.path})", flush=True)
+          f"{service.counters.replayed} replayed from the logs in {args.state})", flush=True)
     if args.export:
-        name = write_index(args.export, params, service.index.to_table(), stats=service.stats())
-        service.log.close()
+        try:
+            name = write_index(args.export, service.params, service.index.tables(), stats=service.stats())
+        finally:
+            service.close()
         print(f"gristmill serve: wrote {len(service.index)} documents to {args.export.rstrip('/')}/{name}")
         return 0
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,27 +227,39 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
 def write_index(
     url: str,
     params: IndexParams,
-    table: SignatureTable,
+    table: SignatureTable | Iterable[SignatureTable],
     *,
     stats: Mapping[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> str:
-    """Publish ``table`` as a shard-less corpus whose signature index ``gristmill dedup --against`` reads.
+    """Publish ``table`` (or tables, one index file each) as a shard-less corpus whose signature index
+    ``gristmill dedup --against`` reads.
 
-    The index file (sorted, with its band file: :func:`write_index_files`) is written first under a
-    unique name, the manifest last (the commit point), so a crash leaves any earlier export intact.
-    Returns the index file's relative name.
+    Index files (sorted, with their band files: :func:`write_index_files`) are written first under
+    unique names, the manifest last (the commit point), so a crash leaves any earlier export intact.
+    Returns the first index file's relative name. Several tables keep the writer's memory at one
+    table, whatever the index's size.
     """
     check_export_folder(url, storage_options)
     run = uuid.uuid4().hex[:12]
-    name, bands_name = f"{INDEX_FOLDER}/index-service-{run}.parquet", f"{INDEX_FOLDER}/bands-service-{run}.parquet"
-    write_index_files(url, name, bands_name, table.to_arrow(params), storage_options)
+    files: list[str] = []
+    band_files: list[str] = []
+    for part in [table] if isinstance(table, SignatureTable) else table:
+        name = f"{INDEX_FOLDER}/index-service-{run}-{len(files):05d}.parquet"
+        bands_name = f"{INDEX_FOLDER}/bands-service-{run}-{len(files):05d}.parquet"
+        write_index_files(url, name, bands_name, part.to_arrow(params), storage_options)
+        files.append(name)
+        band_files.append(bands_name)
+    if not files:  # an empty index is one empty file, so every reader finds the schema
+        return write_index(url, params, SignatureTable([], [], np.zeros(0, np.int64), np.zeros((0, params.num_perm),
+                           np.uint64), np.zeros((0, params.bands), np.uint64)), stats=stats,
+                           storage_options=storage_options)
     extra = {"kind": EXPORT_KIND,
-             "signature_index": {"files": [name], "band_files": [bands_name], "params": params_to_dict(params)}}
+             "signature_index": {"files": files, "band_files": band_files, "params": params_to_dict(params)}}
     manifest = write_manifest(url, [], CORPUS_SCHEMA, stats=dict(stats or {}), extra=extra,
                               storage_options=storage_options)
-    remove_unlisted(url, manifest, storage_options)  # the earlier export's index file, after the commit
-    return name
+    remove_unlisted(url, manifest, storage_options)  # the earlier export's index files, after the commit
+    return files[0]
 
 
 def check_export_folder(url: str, storage_options: Mapping[str, Any] | None = None) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import hmac
 import ipaddress
 import json
@@ -37,6 +36,7 @@ import struct
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,14 +46,34 @@ from aiohttp import web
 
 from dedup.lsh import band_hashes
 from dedup.normalize import fold_prepared, hashes_of_folded, prepare
-from pipeline.format.signature_index import IndexParams, SignatureTable, params_to_dict
+from pipeline.format.signature_index import IndexParams, params_from_dict, params_to_dict
+from pipeline.service.columns import ROW_HEAD, RowStore
+from pipeline.service.index import LiveIndex, load_corpus_index
+from pipeline.service.snapshot import (
+    LOG_NAME,
+    ROWS_NAME,
+    SnapshotView,
+    StateError,
+    fsync_dir,
+    lock_state,
+    read_meta,
+    read_snapshot,
+    remove_before,
+    remove_uncommitted,
+    sealed_log_path,
+    sealed_logs,
+    snapshot_path,
+    snapshots,
+    write_snapshot,
+)
 
 log = logging.getLogger("gristmill.serve")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_BATCH = 1024
 MAX_ID_CHARS = 1024
-MAX_NEAR_DUPLICATES = 10
+DELTA_DOCS = 16_384  # documents in the newest dict deltas before they are frozen and sorted in the background
+DEFAULT_COMPACT_EVERY = 1_000_000  # inserts logged after a snapshot before the next is written
 DOC_KEYS = frozenset({"id", "text"})
 DEFAULT_READ_TIMEOUT = 30.0
 FINGERPRINT_SLICE_CHARS = 512 * 1024  # about 15 ms of hashing: the longest one batch holds the event loop
@@ -65,146 +85,6 @@ class BadRequest(Exception):
     def __init__(self, reason: str, status: int = 400) -> None:
         super().__init__(reason)
         self.status = status
-
-
-# -- the in-memory index -----------------------------------------------------------------------
-class _Rows:
-    """A 2-D array that grows by doubling, so appending one row is amortised O(1)."""
-
-    def __init__(self, width: int, dtype: Any) -> None:
-        self._data = np.zeros((1024, width), dtype=dtype)
-        self.size = 0
-
-    def extend(self, rows: np.ndarray) -> None:
-        need = self.size + len(rows)
-        if need > len(self._data):
-            grown = np.zeros((max(need, 2 * len(self._data)), self._data.shape[1]), self._data.dtype)
-            grown[: self.size] = self._data[: self.size]
-            self._data = grown
-        self._data[self.size : need] = rows
-        self.size = need
-
-    def truncate(self, size: int) -> None:
-        self.size = size
-
-    @property
-    def view(self) -> np.ndarray:
-        return self._data[: self.size]
-
-
-class LiveIndex:
-    """Exact hashes plus LSH buckets over every document the service knows.
-
-    Documents loaded from a persisted index sit in per-band sorted arrays (searched with
-    ``np.searchsorted``, no per-row Python objects); documents inserted since start go to per-band
-    dicts. A candidate is a near duplicate when its estimated Jaccard similarity (share of equal
-    signature values) reaches the index's threshold, the same test the batch job applies.
-    """
-
-    def __init__(self, params: IndexParams) -> None:
-        self.params = params
-        self.ids: list[str] = []
-        self.content_hashes: list[str] = []
-        self.exact: dict[str, int] = {}
-        self.lengths: list[int] = []
-        self.bands = _Rows(params.bands, np.uint64)
-        self.signatures = _Rows(params.num_perm, np.uint64)
-        self.base_count = 0
-        self._base_keys: list[np.ndarray] = []
-        self._base_docs: list[np.ndarray] = []
-        self._added: list[dict[int, list[int]]] = [{} for _ in range(params.bands)]
-
-    def load_base(self, table: SignatureTable) -> None:
-        """Take a persisted index as the base; must run before any insert."""
-        if self.ids:
-            raise RuntimeError("the base index must be loaded before any insert")
-        n = len(table.ids)
-        self.ids = list(table.ids)
-        self.content_hashes = list(table.content_hashes)
-        self.exact = {}
-        for i, digest in enumerate(self.content_hashes):
-            self.exact.setdefault(digest, i)
-        self.lengths = table.lengths.tolist()
-        self.bands.extend(table.bands)
-        self.signatures.extend(table.signatures)
-        for band in range(self.params.bands):
-            order = np.argsort(table.bands[:, band], kind="stable")
-            self._base_docs.append(order.astype(np.int64))
-            self._base_keys.append(np.ascontiguousarray(table.bands[order, band]))
-        self.base_count = n
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def candidates(self, bands: np.ndarray) -> np.ndarray:
-        """Every document sharing at least one band hash with ``bands`` (one document's row)."""
-        found: list[np.ndarray] = []
-        for band, value in enumerate(np.asarray(bands, dtype=np.uint64)):  # uint64 scalars: exact comparisons
-            if self.base_count:
-                keys = self._base_keys[band]
-                lo = np.searchsorted(keys, value, "left")
-                hi = np.searchsorted(keys, value, "right")
-                if hi > lo:
-                    found.append(self._base_docs[band][lo:hi])
-            added = self._added[band].get(int(value))
-            if added:
-                found.append(np.asarray(added, dtype=np.int64))
-        if not found:
-            return np.zeros(0, np.int64)
-        return np.unique(np.concatenate(found))
-
-    def lookup(self, digest: str, bands: np.ndarray, signature: np.ndarray) -> tuple[int | None, list[tuple[int, float]]]:
-        """The exact twin (if any) and the near duplicates at or above the threshold, most similar first."""
-        exact = self.exact.get(digest)
-        docs = self.candidates(bands)
-        if exact is not None:
-            docs = docs[docs != exact]
-        if docs.size == 0:
-            return exact, []
-        sims = (self.signatures.view[docs] == signature).mean(axis=1)
-        close = sims >= self.params.threshold
-        docs, sims = docs[close], sims[close]
-        order = np.lexsort((docs, -sims))[:MAX_NEAR_DUPLICATES]
-        return exact, [(int(docs[i]), float(sims[i])) for i in order]
-
-    def insert(self, record: LogRecord, bands: np.ndarray) -> int:
-        """Add one document; returns its position."""
-        index = len(self.ids)
-        self.ids.append(record.doc_id)
-        self.content_hashes.append(record.content_hash)
-        self.lengths.append(record.length)
-        self.exact.setdefault(record.content_hash, index)
-        self.bands.extend(bands[None, :])
-        self.signatures.extend(record.signature[None, :])
-        for band, value in enumerate(bands.tolist()):
-            self._added[band].setdefault(value, []).append(index)
-        return index
-
-    def truncate(self, size: int) -> None:
-        """Take out every document inserted at position ``size`` or later: a batch whose log append failed."""
-        if size < self.base_count:
-            raise ValueError(f"cannot truncate to {size}: the base index holds {self.base_count} documents")
-        for index in range(len(self.ids) - 1, size - 1, -1):  # newest first: each is last in its buckets
-            for band, value in enumerate(self.bands.view[index].tolist()):
-                bucket = self._added[band][value]
-                bucket.pop()
-                if not bucket:
-                    del self._added[band][value]
-            if self.exact.get(self.content_hashes[index]) == index:
-                del self.exact[self.content_hashes[index]]
-        del self.ids[size:], self.content_hashes[size:], self.lengths[size:]
-        self.bands.truncate(size)
-        self.signatures.truncate(size)
-
-    def to_table(self) -> SignatureTable:
-        """Everything known, base and added, in the persisted index's shape."""
-        return SignatureTable(
-            ids=list(self.ids),
-            content_hashes=list(self.content_hashes),
-            lengths=np.asarray(self.lengths, dtype=np.int64),
-            signatures=self.signatures.view.copy(),
-            bands=self.bands.view.copy(),
-        )
 
 
 # -- the insert log ----------------------------------------------------------------------------
@@ -269,24 +149,18 @@ class InsertLog:
         return LOG_MAGIC + struct.pack("<I", len(meta)) + meta
 
     def replay(self) -> Iterator[LogRecord]:
-        """Lock the log, yield every intact record, cut a torn tail off, and keep it open for appending.
+        """Yield every intact record, cut a torn tail off, and keep the log open for appending.
 
-        The lock (``flock``, released by the kernel when the process dies) keeps a second server or an
-        ``--export`` from reading, or cutting, a log that a live server is appending to.
+        The caller holds the state folder's lock (:func:`pipeline.service.snapshot.lock_state`), so no
+        other process reads, or cuts, a log that a live server is appending to.
         """
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._file = open(self.path, "a+b", buffering=0)  # noqa: SIM115 - held open for the service's life
-        try:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.close()
-            raise LogError(f"{self.path}: in use by another gristmill serve; stop it first") from None
         header = self._header()
         size = os.fstat(self._file.fileno()).st_size
         if size == 0:
             self._file.write(header)
             os.fsync(self._file.fileno())
-            _fsync_dir(self.path)
+            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
             size = len(header)
         with open(self.path, "rb") as reader:
             self._check_header(reader.read(len(header)), header)
@@ -367,6 +241,11 @@ class InsertLog:
                 self._syncing.add_done_callback(lambda done, target=self.written: self._synced(done, target))
             await asyncio.shield(self._syncing)
 
+    def sync_now(self) -> None:
+        """Make everything written durable, blocking: once per log rotation."""
+        os.fsync(self._file.fileno())
+        self.durable = self.written
+
     def _synced(self, done: asyncio.Future[None], target: int) -> None:
         if not done.cancelled() and done.exception() is None:
             self.durable = max(self.durable, target)
@@ -377,13 +256,9 @@ class InsertLog:
             self._file = None
 
 
-def _fsync_dir(path: str) -> None:
-    """Make a newly created file's directory entry durable too."""
-    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _log_failure(future: Any) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("background index work failed", exc_info=future.exception())
 
 
 # -- the service -------------------------------------------------------------------------------
@@ -434,17 +309,163 @@ def _slices(docs: Sequence[Doc], chars: int) -> Iterator[Sequence[Doc]]:
 class DedupService:
     """The index, its log and the counters; transport-agnostic so tests and benchmarks can drive it."""
 
-    def __init__(self, params: IndexParams, log_path: str, base: SignatureTable | None = None) -> None:
-        self.params = params
-        self.hasher = params.hasher()  # the batch job's hasher: same shingles, seed and normalisation
-        self.index = LiveIndex(params)
-        if base is not None:
-            self.index.load_base(base)
-        self.log = InsertLog(log_path, params)
+    def __init__(self, state: str, params: IndexParams | None = None, *, index_url: str | None = None,
+                 compact_every: int = DEFAULT_COMPACT_EVERY) -> None:
+        """Open the state folder: the latest snapshot, else the corpus index at ``index_url`` (else an
+        empty index with ``params``), then every log after the snapshot replayed on top.
+
+        A folder is tied to what it started from: a snapshot of another index, or of other
+        parameters, is refused (:class:`StateError`), as a log written with other parameters is
+        (:class:`LogError`).
+        """
+        if params is None and index_url is None:
+            raise ValueError("give the index parameters or a corpus index to start from")
+        self.state = state
+        self.compact_every = compact_every
         self.counters = Counters()
-        for record in self.log.replay():
-            self.index.insert(record, band_hashes(record.signature[None, :], params.bands, params.rows)[0])
-            self.counters.replayed += 1
+        self._lock = lock_state(state)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="gristmill-index")
+        self._background: set[asyncio.Future[Any]] = set()
+        self._compacting = False
+        try:
+            self._open(params, index_url)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, params: IndexParams | None, index_url: str | None) -> None:
+        state = self.state
+        remove_uncommitted(state)
+        rows_path = os.path.join(state, ROWS_NAME)
+        done = snapshots(state)
+        self.generation = max([*done, *sealed_logs(state)], default=0)
+        self.base = index_url
+        self._rows_segments: list[list[Any]] = []
+        self.since_snapshot = 0
+        if done:
+            folder = snapshot_path(state, done[-1])
+            meta = read_meta(folder)
+            if meta["base"] != index_url:
+                raise StateError(f"{folder}: this state started from "
+                                 f"{'--index ' + meta['base'] if meta['base'] else 'an empty index'}; start it "
+                                 "the same way, or use another --state folder")
+            stored = params_from_dict(meta["params"], f"{folder}/meta.json")
+            if params is not None and params != stored:
+                raise StateError(f"{folder}: written for index parameters {params_to_dict(stored)}, not "
+                                 f"{params_to_dict(params)}; use another --state folder")
+            self.params = stored
+            self.index, _ = read_snapshot(folder, stored, RowStore(rows_path, stored.num_perm + ROW_HEAD))
+            self._rows_segments = meta["rows"]
+            remove_before(state, done[-1])
+        elif index_url is not None:
+            self.params, self.index = load_corpus_index(index_url, rows_path)
+            self.since_snapshot = len(self.index)
+        else:
+            assert params is not None
+            self.params = params
+            self.index = LiveIndex(params, RowStore(rows_path, params.num_perm + ROW_HEAD))
+        self.hasher = self.params.hasher()  # the batch job's hasher: same shingles, seed and normalisation
+        after = done[-1] if done else 0
+        for path in [*(sealed_log_path(state, g) for g in sealed_logs(state) if g > after),
+                     os.path.join(state, LOG_NAME)]:
+            self.log = InsertLog(path, self.params)
+            for record in self.log.replay():
+                bands = band_hashes(record.signature[None, :], self.params.bands, self.params.rows)[0]
+                self.index.insert(record.doc_id, record.content_hash, record.length, record.signature, bands)
+                self.counters.replayed += 1
+                if len(self.index.ids.fresh) >= DELTA_DOCS:
+                    self.index.freeze()
+                    self._settle()
+            if path != os.path.join(state, LOG_NAME):
+                self.log.close()
+        self.since_snapshot += self.counters.replayed
+
+    def close(self) -> None:
+        """Let go of the folder (files and lock) without any further writes: what a crash leaves."""
+        self._worker.shutdown(wait=True)
+        for held in (getattr(self, "log", None), getattr(getattr(self, "index", None), "rows", None)):
+            if held is not None:
+                held.close()
+        self._lock.close()
+
+    # -- background work: sorting new keys, folding them in, snapshots ---------------------------
+    def _settle(self) -> None:
+        """Sort frozen deltas into runs and fold runs into the main tables when they have grown."""
+        for table in (self.index.bands, self.index.exact):
+            table.sort_frozen()
+            if table.needs_fold():
+                table.fold_into_main()
+
+    def _in_background(self, work: Any, *args: Any) -> asyncio.Future[Any]:
+        future = asyncio.get_running_loop().run_in_executor(self._worker, work, *args)
+        self._background.add(future)
+        future.add_done_callback(self._background.discard)
+        return future
+
+    def _after_apply(self) -> None:
+        if len(self.index.ids.fresh) >= DELTA_DOCS:
+            self.index.freeze()
+            self._in_background(self._settle).add_done_callback(_log_failure)
+        if self.since_snapshot >= self.compact_every:
+            self.start_compaction()
+
+    def start_compaction(self) -> None:
+        """Start :meth:`compact` as a task of the running loop, unless one is under way."""
+        if not self._compacting:
+            self._compacting = True
+            task = asyncio.ensure_future(self.compact())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            task.add_done_callback(_log_failure)
+
+    async def compact(self) -> None:
+        """Seal the active log and fold everything up to it into a new snapshot, in the background.
+
+        On the loop, in one step with no ``await``: the log is renamed to ``inserts.G.log`` and a new
+        one started, the deltas are frozen, and what the snapshot will hold is taken (immutable
+        pieces). Then, off the loop: the frozen deltas are sorted, the snapshot written and committed
+        (:func:`pipeline.service.snapshot.write_snapshot`), and what it makes redundant removed. A
+        failure anywhere leaves the earlier snapshot and every log after it: nothing is lost.
+        """
+        self._compacting = True
+        try:
+            generation = self.generation + 1
+            active = os.path.join(self.state, LOG_NAME)
+            sealed = self.log
+            sealed.sync_now()  # a check answered from the new log may rely on any record of this one
+            os.rename(active, sealed_log_path(self.state, generation))
+            fsync_dir(self.state)
+            self.log = InsertLog(active, self.params)
+            for _ in self.log.replay():
+                raise LogError(f"{active}: a new log already holds records")
+            self.generation = generation
+            self.index.freeze()
+            todo = (self.index.bands.recent[1], self.index.exact.recent[1])
+            view = SnapshotView(generation, len(self.index), self.index.base_count, self.base, self.params,
+                                list(self.index.ids.chunks), self.index.rows, self._rows_segments)
+            covered, self.since_snapshot = self.since_snapshot, 0
+            try:
+                self._rows_segments = await self._in_background(self._write_snapshot, view, todo)
+            except BaseException:
+                self.since_snapshot += covered  # try again after the next compact_every inserts
+                raise
+            finally:
+                sealed.close()
+        finally:
+            self._compacting = False
+
+    def _write_snapshot(self, view: SnapshotView, todo: tuple[Any, Any]) -> list[list[Any]]:
+        self.index.bands.sort_frozen(todo[0])
+        self.index.exact.sort_frozen(todo[1])
+        segments = write_snapshot(self.state, view, self.index.bands, self.index.exact)
+        remove_before(self.state, view.generation)
+        log.info("%s: snapshot %d of %d documents committed", self.state, view.generation, view.documents)
+        return segments
+
+    async def drain(self) -> None:
+        """Wait for every background step started so far (tests, export, shutdown)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
 
     async def fingerprints(self, docs: Sequence[Doc]) -> Fingerprints:
         """Hash a batch in slices of about ``FINGERPRINT_SLICE_CHARS`` characters, yielding to the event
@@ -470,6 +491,11 @@ class DedupService:
         :class:`LogError` is raised, so no document is in the index without its log record.
         """
         before = len(self.index)
+        if add:
+            try:
+                self.index.rows.reserve(before + len(docs))
+            except OSError as exc:
+                raise LogError(f"{self.index.rows.path}: cannot grow for {len(docs)} documents ({exc})") from exc
         results: list[dict[str, Any]] = []
         records: list[LogRecord] = []
         for i, doc in enumerate(docs):
@@ -479,7 +505,7 @@ class DedupService:
             doc_id = doc.doc_id if doc.doc_id is not None else digest
             if add and is_new:
                 record = LogRecord(doc_id, digest, len(doc.text), prints.signatures[i])
-                self.index.insert(record, prints.bands[i])
+                self.index.insert(doc_id, digest, len(doc.text), prints.signatures[i], prints.bands[i])
                 records.append(record)
             results.append(
                 {
@@ -505,12 +531,15 @@ class DedupService:
             c.near_duplicates += r["exact_duplicate_of"] is None and bool(r["near_duplicates"])
         c.checked += len(docs)
         c.added += len(records)
+        self.since_snapshot += len(records)
         return results, durable_at
 
     async def handle(self, docs: Sequence[Doc], add: bool) -> list[dict[str, Any]]:
         """Fingerprint, :meth:`apply`, then wait until everything the answer relies on is durable."""
         results, durable_at = self.apply(docs, await self.fingerprints(docs), add)
-        await self.log.sync(durable_at)
+        written_to = self.log
+        self._after_apply()
+        await written_to.sync(durable_at)
         return results
 
     def stats(self) -> dict[str, Any]:
@@ -528,6 +557,7 @@ class DedupService:
             "near_duplicates": c.near_duplicates,
             "bad_requests": c.bad_requests,
             "log_bytes": self.log.written,
+            "log_generation": self.generation,
             "uptime_s": round(time.time() - c.started, 3),
             "params": params_to_dict(self.params),
         }
@@ -822,10 +852,12 @@ async def serve_forever(
     port = server.sockets[0].getsockname()[1]  # port 0 picks a free port; report the real one
     if ready is not None:
         ready(f"http://{host if ':' not in host else f'[{host}]'}:{port}")
+    if service.since_snapshot:  # what the start replayed or loaded goes into a snapshot, off the loop
+        service.start_compaction()
     try:
         await asyncio.Event().wait()
     finally:
         server.close()
         with contextlib.suppress(Exception):
             await runner.cleanup()
-        service.log.close()
+        service.close()
