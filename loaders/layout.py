@@ -1,43 +1,15 @@
-"""Where every block of a corpus is: shard, row group, rows and byte range, as flat arrays.
+"""Where every block of a corpus is: shard, row group, rows and byte range, as flat int64 arrays.
 
-Built once per process from the manifest; everything that plans an epoch or fetches a block reads these
-arrays rather than the manifest's per-shard objects, so how the manifest stores them can change alone.
+Everything that plans an epoch or fetches a block reads these arrays rather than the manifest's
+per-shard objects. They are the corpus format's block table (``pipeline.format.BlockTable``): read
+once per process from the version 2 sidecar, or built from a version 1 manifest's inline row groups,
+so ``Layout.of(corpus.shards)`` costs no copy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pipeline.format import BlockTable
 
-import numpy as np
+Layout = BlockTable
 
-from pipeline.format import ShardInfo
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Every block of a corpus in manifest order (so ``shard`` is non-decreasing)."""
-
-    shard: np.ndarray
-    group: np.ndarray
-    rows: np.ndarray
-    offset: np.ndarray
-    length: np.ndarray
-
-    @classmethod
-    def of(cls, shards: list[ShardInfo]) -> Layout:
-        columns: tuple[list[int], ...] = ([], [], [], [], [])
-        for index, info in enumerate(shards):
-            for number, rg in enumerate(info.row_groups):
-                for column, value in zip(columns, (index, number, rg.rows, rg.offset, rg.length)):
-                    column.append(value)
-        return cls(*(np.asarray(column, dtype=np.int64) for column in columns))
-
-    def byte_range(self, block: int) -> tuple[int, int]:
-        """``[start, end)`` of the block's bytes in its shard."""
-        start = int(self.offset[block])
-        return start, start + int(self.length[block])
-
-    def blocks_of(self, shard: int) -> slice:
-        """The blocks of one shard, as a slice of these arrays."""
-        first, last = np.searchsorted(self.shard, [shard, shard + 1])
-        return slice(int(first), int(last))
+__all__ = ["Layout"]

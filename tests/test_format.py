@@ -194,7 +194,8 @@ def test_inspect_summary_and_json(tmp_path: Path) -> None:
     "content, expected",
     [
         ("{not json", "manifest is not valid JSON"),
-        (json.dumps({"format": "gristmill-corpus", "format_version": FORMAT_VERSION + 41}), "format version 42"),
+        (json.dumps({"format": "gristmill-corpus", "format_version": FORMAT_VERSION + 41}),
+         f"format version {FORMAT_VERSION + 41}"),
         (json.dumps({"format": "something-else"}), "not a gristmill corpus manifest"),
         (json.dumps({"format": "gristmill-corpus", "format_version": FORMAT_VERSION}), "manifest is malformed"),
     ],

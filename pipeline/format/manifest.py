@@ -15,34 +15,29 @@ import json
 import os
 import posixpath
 import uuid
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import fsspec
+import numpy as np
 import pyarrow as pa
+import xxhash
 
+from pipeline.format.blocks import BLOCKS_FOLDER, INT64_MAX, BlockTable, RowGroups, check_blocks
+from pipeline.format.errors import CorpusError
 from pipeline.format.storage import is_local, open_fs
 
 FORMAT_NAME = "gristmill-corpus"
-FORMAT_VERSION = 1
+# Version 2 moved the row groups out of manifest.json into the block table sidecar (pipeline/format/blocks.py);
+# version 1 manifests, row groups inline, are still read.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 CHECKSUM_ALGORITHM = "xxh3_128"
 JOB_FINGERPRINT_KEY = "job_fingerprint"  # in a manifest's ``extra``: which job wrote the corpus
 STATS_TABLE_KEY = "stats_table"  # in a manifest's ``extra``: {"files": [...]}, the statistics table
-
-
-class CorpusError(Exception):
-    """A corpus cannot be read or written as asked; the message names the file."""
-
-
-@dataclass(frozen=True)
-class RowGroupInfo:
-    """One block a loader fetches with one ranged read: ``[offset, offset + length)``."""
-
-    rows: int
-    offset: int
-    length: int
 
 
 @dataclass(frozen=True)
@@ -53,21 +48,27 @@ class ShardInfo:
     rows: int
     bytes: int
     checksum: str
-    row_groups: tuple[RowGroupInfo, ...]
+    row_groups: RowGroups
     footer_offset: int
     footer_length: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self, row_groups: bool = True) -> dict[str, Any]:
+        """As JSON: with the row groups inline (how writers hand shards to a committer), or without
+        (a version 2 manifest's entry, the row groups being in the block table)."""
+        out: dict[str, Any] = {"path": self.path, "rows": self.rows, "bytes": self.bytes, "checksum": self.checksum}
+        if row_groups:
+            out["row_groups"] = [{"rows": g.rows, "offset": g.offset, "length": g.length} for g in self.row_groups]
+        return {**out, "footer_offset": self.footer_offset, "footer_length": self.footer_length}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ShardInfo:
+    def from_dict(cls, data: Mapping[str, Any], row_groups: RowGroups | None = None) -> ShardInfo:
+        """From :meth:`to_dict`'s form; ``row_groups`` given when they come from a block table instead."""
         return cls(
             path=str(data["path"]),
             rows=int(data["rows"]),
             bytes=int(data["bytes"]),
             checksum=str(data["checksum"]),
-            row_groups=tuple(RowGroupInfo(**rg) for rg in data["row_groups"]),
+            row_groups=RowGroups.of(data["row_groups"]) if row_groups is None else row_groups,
             footer_offset=int(data["footer_offset"]),
             footer_length=int(data["footer_length"]),
         )
@@ -113,6 +114,12 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)
     created: str = ""
     format_version: int = FORMAT_VERSION
+    blocks_file: dict[str, Any] = field(default_factory=dict)  # the block table's path, bytes, checksum, count
+
+    @cached_property
+    def blocks(self) -> BlockTable:
+        """Every row group of the corpus as flat arrays (the block table the shards' row groups are views of)."""
+        return BlockTable.of(self.shards)
 
     @property
     def num_rows(self) -> int:
@@ -137,7 +144,8 @@ class Manifest:
                     ],
                     "arrow": base64.b64encode(self.schema.serialize().to_pybytes()).decode("ascii"),
                 },
-                "shards": [s.to_dict() for s in self.shards],
+                "blocks": self.blocks_file,
+                "shards": [s.to_dict(row_groups=False) for s in self.shards],
                 "stats": self.stats,
                 "extra": self.extra,
             },
@@ -146,7 +154,8 @@ class Manifest:
         )
 
     @classmethod
-    def from_json(cls, text: str, where: str) -> Manifest:
+    def from_json(cls, text: str, where: str, read_member: Callable[[str], bytes] | None = None) -> Manifest:
+        """Parse and check a manifest; ``read_member(relative path)`` reads its block table (version 2)."""
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -154,17 +163,32 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
             raise CorpusError(f"{where}: not a gristmill corpus manifest (no \"format\": \"{FORMAT_NAME}\")")
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise CorpusError(
                 f"{where}: manifest format version {version!r} is not supported by this gristmill "
-                f"(it reads version {FORMAT_VERSION}); upgrade gristmill or rewrite the corpus"
+                f"(it reads versions {', '.join(map(str, READABLE_VERSIONS))}); upgrade gristmill or rewrite the corpus"
             )
+        blocks_file: dict[str, Any] = {}
         try:
             schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"]["arrow"])))
-            shards = [ShardInfo.from_dict(s) for s in data["shards"]]
-        except (KeyError, TypeError, ValueError, AttributeError, pa.ArrowInvalid) as exc:
+            entries = data["shards"]
+            if version == 1:
+                shards = [ShardInfo.from_dict(s) for s in entries]
+                table = BlockTable.of(shards)
+            else:
+                blocks_file = _blocks_entry(data["blocks"], where)
+                if read_member is None:
+                    raise CorpusError(f"{where}: a version 2 manifest needs its block table read with it")
+                table = _read_blocks(blocks_file, len(entries), read_member, where)
+                bounds = table.shard_bounds(len(entries)).tolist()
+                shards = [ShardInfo.from_dict(s, RowGroups(table, bounds[i], bounds[i + 1]))
+                          for i, s in enumerate(entries)]
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, pa.ArrowInvalid) as exc:
             raise CorpusError(f"{where}: manifest is malformed ({type(exc).__name__}: {exc})") from None
         _check_shards(shards, where)
+        numbers = [(s.rows, s.footer_offset) for s in shards]
+        check_blocks(table, *np.asarray(numbers, dtype=np.int64).reshape(-1, 2).T,
+                     posixpath.join(posixpath.dirname(where), blocks_file.get("path", "")) if blocks_file else where)
         for key in ("stats", "extra"):
             if not isinstance(data.get(key) or {}, dict):
                 raise CorpusError(f"{where}: manifest is malformed ({key!r} is not an object)")
@@ -175,11 +199,13 @@ class Manifest:
             extra=dict(data.get("extra") or {}),
             created=str(data.get("created", "")),
             format_version=version,
+            blocks_file=blocks_file,
         )
 
 
 def _check_shards(shards: list[ShardInfo], where: str) -> None:
-    """Refuse shard entries a reader could be misled by: paths leaving the folder, impossible numbers."""
+    """Refuse shard entries a reader could be misled by: paths leaving the folder, impossible numbers.
+    Their row groups are checked as one table by :func:`check_blocks`."""
     seen: set[str] = set()
     for shard in shards:
         member_path("", shard.path, where, "shard path")
@@ -187,11 +213,60 @@ def _check_shards(shards: list[ShardInfo], where: str) -> None:
             raise CorpusError(f"{where}: shard {shard.path!r} is listed twice")
         seen.add(shard.path)
         numbers = [shard.rows, shard.bytes, shard.footer_offset, shard.footer_length]
-        numbers += [n for g in shard.row_groups for n in (g.rows, g.offset, g.length)]
-        if min(numbers, default=0) < 0 or sum(g.rows for g in shard.row_groups) != shard.rows or any(
-                g.offset + g.length > shard.bytes for g in shard.row_groups):
-            raise CorpusError(f"{where}: shard {shard.path!r} has inconsistent sizes (negative numbers, row groups "
-                              "that do not add up to its rows, or byte ranges past its end)")
+        if min(numbers) < 0 or max(numbers) > INT64_MAX or shard.footer_offset + shard.footer_length != shard.bytes:
+            raise CorpusError(f"{where}: shard {shard.path!r} has inconsistent sizes (negative numbers, or a footer "
+                              "that does not end the file)")
+
+
+class BlocksMissing(CorpusError):
+    """The block table a manifest names is gone: a newer commit replaced both (read the manifest again)."""
+
+
+def _blocks_entry(entry: Any, where: str) -> dict[str, Any]:
+    """The manifest's ``blocks`` entry, checked: a contained path, a size, a checksum and a block count."""
+    if not isinstance(entry, Mapping):
+        raise CorpusError(f"{where}: manifest is malformed ('blocks' is not an object)")
+    member_path("", entry.get("path"), where, "block table path")
+    out = {"path": entry["path"], "bytes": int(entry["bytes"]), "checksum": str(entry["checksum"]),
+           "count": int(entry["count"])}
+    if not 0 <= out["bytes"] <= INT64_MAX or not 0 <= out["count"] <= INT64_MAX:
+        raise CorpusError(f"{where}: manifest is malformed ('blocks' has impossible sizes)")
+    return out
+
+
+def _read_blocks(entry: Mapping[str, Any], shards: int, read_member: Callable[[str], bytes],
+                 where: str) -> BlockTable:
+    """Read the block table a manifest names and check it is that file: size, checksum, block count."""
+    location = posixpath.join(posixpath.dirname(where), entry["path"])
+    try:
+        data = read_member(entry["path"])
+    except FileNotFoundError:
+        raise BlocksMissing(f"{location}: block table named by the manifest is missing") from None
+    if len(data) != entry["bytes"] or checksum_bytes(data) != entry["checksum"]:
+        raise CorpusError(f"{location}: block table is {len(data)} bytes with checksum {checksum_bytes(data)}, the "
+                          f"manifest says {entry['bytes']} bytes, {entry['checksum']}; it was replaced or is damaged")
+    table = BlockTable.from_parquet(data, location)
+    if len(table) != entry["count"]:
+        raise CorpusError(f"{location}: block table has {len(table)} row groups, the manifest says {entry['count']}")
+    return table
+
+
+def checksum_bytes(data: bytes) -> str:
+    """The format's checksum of bytes in memory (shards are checksummed while written, see the writer)."""
+    return f"{CHECKSUM_ALGORITHM}:{xxhash.xxh3_128_hexdigest(data)}"
+
+
+def write_blocks(fs: fsspec.AbstractFileSystem, root: str, table: BlockTable) -> dict[str, Any]:
+    """Write a block table under a name unique to this commit; returns the manifest's ``blocks`` entry.
+
+    A unique name plus the checksum in the manifest mean a crash can never pair a new manifest with an
+    old block table, nor an old manifest with a new one.
+    """
+    payload = table.to_parquet()
+    relative = posixpath.join(BLOCKS_FOLDER, f"blocks-{uuid.uuid4().hex}.parquet")
+    fs.makedirs(posixpath.join(root, BLOCKS_FOLDER), exist_ok=True)
+    fs.pipe_file(posixpath.join(root, relative), payload)
+    return {"path": relative, "bytes": len(payload), "checksum": checksum_bytes(payload), "count": len(table)}
 
 
 def write_manifest(
@@ -203,10 +278,11 @@ def write_manifest(
     extra: Mapping[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> Manifest:
-    """Publish a corpus: the manifest appears whole or not at all.
+    """Publish a corpus: the block table first, then the manifest, which appears whole or not at all.
 
     Local disks get write-to-temp plus ``os.replace``; object stores (s3, gcs, memory) make a single
-    PUT visible atomically, so there the manifest is written in one call.
+    PUT visible atomically, so there the manifest is written in one call. Block tables of earlier
+    commits are removed afterwards (a reader that loses that race reads the new manifest, see the reader).
     """
     manifest = Manifest(
         shards=list(shards),
@@ -216,6 +292,7 @@ def write_manifest(
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
     fs, root = open_fs(url, storage_options)
+    manifest.blocks_file = write_blocks(fs, root, manifest.blocks)
     payload = manifest.to_json().encode("utf-8")
     target = posixpath.join(root, MANIFEST_NAME)
     if is_local(fs):
@@ -227,7 +304,20 @@ def write_manifest(
         os.replace(temporary, target)
     else:
         fs.pipe_file(target, payload)
+    _remove_old_blocks(fs, root, manifest.blocks_file["path"])
     return manifest
+
+
+def _remove_old_blocks(fs: fsspec.AbstractFileSystem, root: str, current: str) -> None:
+    """Delete the block tables of earlier commits (a crawl commits every few thousand documents)."""
+    folder = posixpath.join(root, BLOCKS_FOLDER)
+    for path in fs.find(folder):
+        relative = posixpath.relpath(path, root)
+        if relative != current and fnmatch.fnmatchcase(relative, f"{BLOCKS_FOLDER}/blocks-*.parquet"):
+            try:
+                fs.rm_file(path)
+            except FileNotFoundError:
+                pass
 
 def manifest_location(url: str, fs: fsspec.AbstractFileSystem, root: str) -> str:
     """How errors name a corpus's manifest: the local path, or the URL as the user gave it."""
@@ -238,7 +328,7 @@ def manifest_location(url: str, fs: fsspec.AbstractFileSystem, root: str) -> str
 # job may treat as its own when it checks a folder before writing and cleans up after committing.
 OWNED_PATTERNS = ("manifest.json", "manifest.json.tmp-*", "*.parquet.tmp-*", "part-*.parquet", "removed-*.parquet",
                   "_index/index-*.parquet", "_index/bands-*.parquet", "_index/*.tmp-*", "_rejects/rejects-*.parquet",
-                  "_rejects/*.tmp-*", "_stats/stats-*.parquet", "_stats/*.tmp-*", "_work/*")
+                  "_rejects/*.tmp-*", "_stats/stats-*.parquet", "_stats/*.tmp-*", "_blocks/blocks-*.parquet", "_work/*")
 
 
 def is_owned_file(relative: str) -> bool:
@@ -252,6 +342,7 @@ def remove_unlisted(url: str, manifest: Manifest, storage_options: Mapping[str, 
     not of ours are left alone. Returns the relative paths removed."""
     fs, root = open_fs(url, storage_options)
     listed = {shard.path for shard in manifest.shards} | set(manifest_extra_files(manifest))
+    listed |= {manifest.blocks_file["path"]} if manifest.blocks_file else set()
     stale = []
     for path in fs.find(root):
         relative = posixpath.relpath(path, root)

@@ -19,6 +19,7 @@ import xxhash
 from pipeline.format.manifest import (
     CHECKSUM_ALGORITHM,
     MANIFEST_NAME,
+    BlocksMissing,
     CorpusError,
     Manifest,
     ShardInfo,
@@ -35,6 +36,15 @@ def checksum_of(fs: fsspec.AbstractFileSystem, path: str, chunk_bytes: int = 8 *
         while chunk := handle.read(chunk_bytes):
             digest.update(chunk)
     return f"{CHECKSUM_ALGORITHM}:{digest.hexdigest()}"
+
+
+def _check_inside(root: str, path: str, where: str, what: str) -> None:
+    """On a local disk, refuse a listed file that is a symbolic link to somewhere outside the corpus folder."""
+    real_root = os.path.realpath(root)
+    if not os.path.realpath(path).startswith(real_root.rstrip(os.sep) + os.sep):
+        raise CorpusError(f"{where}: {what} {posixpath.relpath(path, root)!r} resolves outside the "
+                          "corpus folder (a symbolic link); a manifest may only name files inside its corpus folder")
+
 
 @dataclass(frozen=True)
 class VerifyResult:
@@ -56,13 +66,27 @@ class Corpus:
     def open(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> Corpus:
         fs, root = open_fs(url, storage_options)
         where = manifest_location(url, fs, root)
-        try:
-            text = fs.cat_file(posixpath.join(root, MANIFEST_NAME)).decode("utf-8")
-        except FileNotFoundError:
-            raise CorpusError(f"{where}: no manifest; not a corpus, or its writer never committed") from None
-        except UnicodeDecodeError:
-            raise CorpusError(f"{where}: manifest is not UTF-8 text") from None
-        corpus = cls(url, Manifest.from_json(text, where), fs, root)
+
+        def read_member(relative: str) -> bytes:
+            path = member_path(root, relative, where, "block table path")
+            if is_local(fs):
+                _check_inside(root, path, where, "block table path")
+            return fs.cat_file(path)
+
+        for attempt in range(2):
+            try:
+                text = fs.cat_file(posixpath.join(root, MANIFEST_NAME)).decode("utf-8")
+            except FileNotFoundError:
+                raise CorpusError(f"{where}: no manifest; not a corpus, or its writer never committed") from None
+            except UnicodeDecodeError:
+                raise CorpusError(f"{where}: manifest is not UTF-8 text") from None
+            try:
+                manifest = Manifest.from_json(text, where, read_member)
+                break
+            except BlocksMissing:
+                if attempt:  # a commit in between removes the block table the old manifest named: read again
+                    raise
+        corpus = cls(url, manifest, fs, root)
         corpus._check_local_links()
         return corpus
 
@@ -98,10 +122,7 @@ class Corpus:
                 self._check_inside(self.shard_path(shard), "shard path")
 
     def _check_inside(self, path: str, what: str) -> None:
-        real_root = os.path.realpath(self.root)
-        if not os.path.realpath(path).startswith(real_root.rstrip(os.sep) + os.sep):
-            raise CorpusError(f"{self._where}: {what} {posixpath.relpath(path, self.root)!r} resolves outside the "
-                              "corpus folder (a symbolic link); a manifest may only name files inside its corpus folder")
+        _check_inside(self.root, path, self._where, what)
 
     @property
     def shards(self) -> list[ShardInfo]:

@@ -16,11 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
+from pipeline.format.blocks import RowGroupInfo, RowGroups
 from pipeline.format.manifest import (
     CHECKSUM_ALGORITHM,
     CorpusError,
     Manifest,
-    RowGroupInfo,
     ShardInfo,
     write_manifest,
 )
@@ -206,7 +206,7 @@ class ShardWriter:
                 rows=self._shard_rows,
                 bytes=self._sink.position,
                 checksum=self._sink.checksum,
-                row_groups=tuple(groups),
+                row_groups=RowGroups.of(groups),
                 footer_offset=data_end,
                 footer_length=self._sink.position - data_end,
             )
