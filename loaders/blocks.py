@@ -1,26 +1,33 @@
-"""Fetch and decode one block (a Parquet row group) with one ranged read, plus the optional disk cache.
+"""Fetch and decode blocks (Parquet row groups) with ranged reads, through the optional disk cache.
 
 A shard's footer is read once (one ranged read of the bytes after the last row group, cached) and
 checked against the manifest. A block is then one ``fs.cat_file(path, start, end)`` of exactly the
-row group's byte range, decoded by pyarrow from a small file-like object that serves that range and
-the footer. Decoding releases the GIL, so blocks decode in parallel on background threads.
+row group's byte range (adjacent small row groups of one shard may share one read, see ``runs``),
+decoded by pyarrow from a small file-like object that serves that range and the footer. Decoding
+releases the GIL, so blocks decode in parallel on background threads. How many reads are in flight at
+once is decided by ``loaders.concurrency.ReadGate``, from what the link delivers.
 
 Integrity: whole-shard checksums would mean reading a whole shard per block, so by default a block is
-trusted when its footer matches the manifest (row groups, row counts) and it decodes to the row count
-the manifest promised; Parquet's decoder rejects most damage (bad page headers, failed decompression).
-``verify_checksums=True`` additionally streams each shard through xxh3-128 once, on first touch.
+trusted when its footer matches the manifest (row groups, row counts), its read returned exactly the
+bytes asked for, and it decodes to the row count the manifest promised; Parquet's decoder rejects most
+damage (bad page headers, failed decompression). ``verify_checksums=True`` additionally streams each
+shard through xxh3-128 once, on first touch.
 """
 
 from __future__ import annotations
 
+import errno
 import io
+import random
 import threading
 import time
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loaders.cache import DiskCache
+from loaders.concurrency import ReadGate
 from loaders.layout import Layout
 from pipeline.format import Corpus, CorpusError, ShardInfo
 
@@ -69,29 +76,49 @@ class _RangeFile(io.RawIOBase):
 
 
 class Counters:
-    """What a trainer can log: bytes read, blocks fetched, cache hits, time spent waiting for data."""
+    """What a trainer can log: bytes read, blocks fetched, cache hits, retries, reads in flight, waiting."""
+
+    SUMS = ("bytes_read", "blocks_fetched", "reads", "cache_hits", "retries", "throttled", "wait_seconds",
+            "read_seconds", "batches")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.bytes_read = 0
         self.blocks_fetched = 0
+        self.reads = 0
         self.cache_hits = 0
         self.retries = 0
+        self.throttled = 0
         self.wait_seconds = 0.0
+        self.read_seconds = 0.0
         self.batches = 0
         self.distinct_blocks_in_batches = 0
+        self.max_in_flight = 0
+        self.in_flight_limit = 0
 
     def add(self, **amounts: float) -> None:
         with self._lock:
             for name, amount in amounts.items():
                 setattr(self, name, getattr(self, name) + amount)
 
-    def as_dict(self) -> dict[str, float]:
-        """A snapshot; ``blocks_per_batch`` is the shuffle-quality figure (distinct blocks in a batch)."""
+    def peak(self, **values: float) -> None:
+        """Raise each named figure to ``value`` if it is lower (a high-water mark)."""
         with self._lock:
-            out = {name: getattr(self, name) for name in (
-                "bytes_read", "blocks_fetched", "cache_hits", "retries", "wait_seconds", "batches")}
+            for name, value in values.items():
+                setattr(self, name, max(getattr(self, name), value))
+
+    def set(self, **values: float) -> None:
+        with self._lock:
+            for name, value in values.items():
+                setattr(self, name, value)
+
+    def as_dict(self) -> dict[str, float]:
+        """A snapshot. ``blocks_per_batch`` is the shuffle-quality figure (distinct blocks in a batch);
+        ``read_mb_per_s`` is what the link delivered while at least one read was in flight."""
+        with self._lock:
+            out = {name: getattr(self, name) for name in (*self.SUMS, "max_in_flight", "in_flight_limit")}
             out["blocks_per_batch"] = self.distinct_blocks_in_batches / self.batches if self.batches else 0.0
+            out["read_mb_per_s"] = self.bytes_read / 1e6 / self.read_seconds if self.read_seconds else 0.0
         return out
 
 
@@ -103,13 +130,27 @@ def check_columns(corpus: Corpus, columns: list[str]) -> None:
 
 
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, LoaderError)
+_BACKOFF_FIRST, _BACKOFF_CAP = 0.05, 5.0
+DEFAULT_EXPANSION = 4.0  # decoded bytes per stored byte assumed for a block until its shard's footer is read
+
+
+def is_throttling(exc: BaseException) -> bool:
+    """Whether a storage error asks us to slow down (S3's 503 SlowDown; s3fs raises it as EBUSY)."""
+    text = str(exc)
+    return (getattr(exc, "errno", None) == errno.EBUSY
+            or any(sign in text for sign in ("SlowDown", "reduce your request rate", "ServiceUnavailable")))
 
 
 class BlockSource:
-    """Reads blocks of one corpus: footers once per shard, each block with one ranged read, with retries."""
+    """Reads blocks of one corpus: footers once per shard, blocks with ranged reads, with retries.
+
+    ``max_reads`` bounds the reads in flight (the adaptive ``ReadGate`` stays below it);
+    ``coalesce_bytes``: adjacent row groups of one shard are read together while the read stays this small.
+    """
 
     def __init__(self, corpus: Corpus, columns: list[str], *, retries: int = 4, cache: DiskCache | None = None,
-                 verify_checksums: bool = False, counters: Counters | None = None) -> None:
+                 verify_checksums: bool = False, counters: Counters | None = None, max_reads: int = 64,
+                 coalesce_bytes: int = 4 * 1024 * 1024) -> None:
         check_columns(corpus, columns)
         self.corpus = corpus
         self.columns = columns
@@ -118,6 +159,9 @@ class BlockSource:
         self.cache = cache
         self.verify_checksums = verify_checksums
         self.counters = counters or Counters()
+        self.gate = ReadGate(self.counters, maximum=max_reads)
+        self.coalesce_bytes = coalesce_bytes
+        self._expansion = DEFAULT_EXPANSION
         self._footers: dict[int, tuple[pq.FileMetaData, bytes]] = {}
         self._locks: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -128,23 +172,29 @@ class BlockSource:
             return self.corpus.shard_path(info)
         return f"{self.corpus.url.rstrip('/')}/{info.path}"
 
-    def _fetch(self, shard: int, start: int, end: int, what: str) -> bytes:
-        """One ranged read, through the disk cache when there is one."""
+    def _fetch(self, shard: int, start: int, end: int, what: str,
+               download: Callable[[], bytes] | None = None) -> bytes:
+        """The bytes ``[start, end)`` of a shard through the disk cache when there is one; ``download``
+        (default: one ranged read of exactly them) is called only on a cache miss."""
+        download = download or (lambda: self._download(shard, start, end, what))
         if self.cache is None:
-            return self._download(shard, start, end, what)
-        data, hit = self.cache.fetch(self._key(self.corpus.shards[shard], start, end), end - start,
-                                     lambda: self._download(shard, start, end, what))
+            return download()
+        data, hit = self.cache.fetch(self._key(self.corpus.shards[shard], start, end), end - start, download)
         if hit:
             self.counters.add(cache_hits=1)
         return data
 
     def _download(self, shard: int, start: int, end: int, what: str) -> bytes:
-        """One ranged read from storage, retrying transient errors; a short read is an error."""
+        """One ranged read from storage, retrying transient errors with jittered exponential back-off.
+
+        Throttling (503 SlowDown) also halves the reads in flight. A read of the wrong length is an error
+        at once: a store that answers with other bytes than asked for is not trusted on a retry either.
+        """
         info = self.corpus.shards[shard]
-        delay = 0.05
         for attempt in range(self.retries + 1):
             try:
-                data = self.corpus.fs.cat_file(self.corpus.shard_path(info), start=start, end=end)
+                with self.gate.slot():
+                    data = self.corpus.fs.cat_file(self.corpus.shard_path(info), start=start, end=end)
                 break
             except FileNotFoundError:
                 raise LoaderError(f"{self._where(shard)}: shard listed in the manifest is missing") from None
@@ -154,14 +204,23 @@ class BlockSource:
                 if attempt == self.retries:
                     raise LoaderError(f"{self._where(shard)}: reading {what} failed after {attempt + 1} "
                                       f"attempts: {type(exc).__name__}: {exc}") from exc
+                if is_throttling(exc):
+                    self.counters.add(throttled=1)
+                    self.gate.throttled()
                 self.counters.add(retries=1)
-                time.sleep(delay)
-                delay *= 2
+                # "full jitter": readers throttled together do not all come back at the same moment
+                time.sleep(random.uniform(0, min(_BACKOFF_CAP, _BACKOFF_FIRST * 2 ** attempt)))
         if len(data) != end - start:
-            raise LoaderError(f"{self._where(shard)}: {what} is bytes [{start}, {end}) but the shard ends early "
-                              f"({len(data)} of {end - start} bytes read); the shard is truncated")
-        self.counters.add(bytes_read=len(data))
+            problem = ("the shard ends early; the shard is truncated" if len(data) < end - start else
+                       "the store sent more than asked for")
+            raise LoaderError(f"{self._where(shard)}: {what} is bytes [{start}, {end}) but the read returned "
+                              f"{len(data)} of {end - start} bytes: {problem}")
+        self.gate.finished(len(data))
+        self.counters.add(bytes_read=len(data), reads=1)
         return data
+
+    def has_footer(self, shard: int) -> bool:
+        return shard in self._footers
 
     def footer(self, shard: int) -> tuple[pq.FileMetaData, bytes]:
         """The shard's Parquet metadata, read once and checked against the manifest."""
@@ -189,6 +248,10 @@ class BlockSource:
             if counts != listed:
                 raise LoaderError(f"{self._where(shard)}: footer lists row groups of {counts} rows, the manifest "
                                   f"{listed}; the shard was replaced or is corrupt")
+            stored = int(self.layout.length[self.layout.blocks_of(shard)].sum())
+            if stored:
+                decoded = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+                self._expansion = max(self._expansion, decoded / stored)  # over- rather than under-reserve
             self._footers[shard] = (metadata, tail)
             return metadata, tail
 
@@ -196,6 +259,32 @@ class BlockSource:
         """Decoded size of a block as its footer records it (used to budget prefetch memory)."""
         metadata, _ = self.footer(int(self.layout.shard[block]))
         return int(metadata.row_group(int(self.layout.group[block])).total_byte_size)
+
+    def estimate_nbytes(self, block: int) -> int:
+        """The block's decoded size without a read: the footer's figure if its shard's footer is in,
+        else its stored size times the largest expansion seen (a footer read costs a round trip)."""
+        found = self._footers.get(int(self.layout.shard[block]))
+        if found is not None:
+            return int(found[0].row_group(int(self.layout.group[block])).total_byte_size)
+        return int(self.layout.length[block] * self._expansion)
+
+    def runs(self, blocks: list[int]) -> list[list[int]]:
+        """``blocks`` grouped into runs that one read can fetch: adjacent byte ranges of one shard, each
+        run at most ``coalesce_bytes`` (or one block). Small row groups then cost one request, not many,
+        while standard blocks keep a read (and so a connection) each, for parallelism."""
+        layout = self.layout
+        out: list[list[int]] = []
+        for block in sorted(blocks, key=lambda b: (int(layout.shard[b]), int(layout.offset[b]))):
+            if out:
+                last = out[-1]
+                begin = int(layout.offset[last[0]])
+                if (layout.shard[last[-1]] == layout.shard[block]
+                        and layout.byte_range(last[-1])[1] == int(layout.offset[block])
+                        and layout.byte_range(block)[1] - begin <= self.coalesce_bytes):
+                    last.append(block)
+                    continue
+            out.append([block])
+        return out
 
     def cache_key(self, block: int) -> str:
         """The disk-cache name of a block: shard checksum plus byte range, so a rewritten shard never hits."""
@@ -207,13 +296,33 @@ class BlockSource:
         return f"{info.checksum.split(':')[-1][:32]}-{start}-{end}"
 
     def fetch(self, block: int) -> bytes:
-        """The block's bytes: exactly one ranged read of the row group (or a disk-cache hit)."""
-        shard, group = int(self.layout.shard[block]), int(self.layout.group[block])
-        start, end = self.layout.byte_range(block)
-        self.footer(shard)
-        data = self._fetch(shard, start, end, f"row group {group} (bytes [{start}, {end}))")
-        self.counters.add(blocks_fetched=1)
-        return data
+        """The block's bytes: one ranged read of exactly the row group (or a disk-cache hit)."""
+        return self.fetch_run([block])[block]
+
+    def fetch_run(self, run: list[int]) -> dict[int, bytes]:
+        """The bytes of a run of adjacent blocks (see ``runs``) with one ranged read of the whole run.
+
+        Each block is still its own disk-cache entry; the run is read only if one of them misses.
+        """
+        shard = int(self.layout.shard[run[0]])
+        first, last = self.layout.byte_range(run[0])[0], self.layout.byte_range(run[-1])[1]
+        groups = [int(self.layout.group[b]) for b in run]
+        what = (f"row group {groups[0]}" if len(run) == 1 else f"row groups {groups[0]}-{groups[-1]}") + \
+            f" (bytes [{first}, {last}))"
+        whole: list[bytes] = []
+
+        def download_once() -> bytes:
+            if not whole:
+                whole.append(self._download(shard, first, last, what))
+            return whole[0]
+
+        out = {}
+        for block in run:
+            start, end = self.layout.byte_range(block)
+            out[block] = self._fetch(shard, start, end, what, download_once if len(run) == 1 else
+                                     lambda s=start, e=end: download_once()[s - first:e - first])
+        self.counters.add(blocks_fetched=len(run))
+        return out
 
     def decode(self, block: int, data: bytes, head_rows: int | None = None) -> pa.Table:
         """Decode fetched bytes: the whole row group, or only its first ``head_rows`` rows (first pages only)."""

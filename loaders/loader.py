@@ -96,6 +96,8 @@ class StreamingLoader:
         shuffle_window: int | None = None,
         prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
         io_threads: int | None = None,
+        max_reads: int = 64,
+        coalesce_bytes: int = 4 * 1024 * 1024,
         cache_dir: str | None = None,
         cache_bytes: int = 16 * 1024**3,
         verify_checksums: bool = False,
@@ -140,6 +142,8 @@ class StreamingLoader:
         self.prefetch_bytes = integer(prefetch_bytes, "prefetch_bytes", minimum=1)
         io_threads = optional_integer(io_threads, "io_threads", minimum=0)
         self.io_threads = min(4, os.cpu_count() or 1) if io_threads is None else io_threads
+        self.max_reads = integer(max_reads, "max_reads", minimum=1)
+        self.coalesce_bytes = integer(coalesce_bytes, "coalesce_bytes", minimum=0)
         self.output = output
         if storage_options is not None and not isinstance(storage_options, Mapping):
             raise TypeError(f"storage_options must be a dict of fsspec options, got {shown(storage_options)}")
@@ -174,7 +178,8 @@ class StreamingLoader:
         if self._source is None:
             cache = DiskCache(self.cache_dir, self.cache_bytes) if self.cache_dir else None
             self._source = BlockSource(self.corpus, self._read_columns, retries=self.retries, cache=cache,
-                                       verify_checksums=self.verify_checksums, counters=self.counters)
+                                       verify_checksums=self.verify_checksums, counters=self.counters,
+                                       max_reads=self.max_reads, coalesce_bytes=self.coalesce_bytes)
         return self._source
 
     @property

@@ -1,14 +1,20 @@
 """Background prefetch of a stream's blocks on threads, bounded in decoded bytes.
 
-A scheduler thread walks the stream's windows in order and submits each block a window needs to a
-thread pool (fetch, decode, and prepare: tokens, or a wrapper that makes Python strings later),
-reserving the block's decoded size from the byte budget first. The consumer receives whole windows in order and releases a window's
-blocks when it moves past it. Blocks shared by consecutive windows are fetched once. Everything waits
-on one condition variable or on futures: nothing polls.
+A scheduler thread walks the stream's windows in order and submits the blocks a window needs to a
+thread pool, reserving each block's decoded size from the byte budget first. A pool task reads a *run*
+of blocks (one block, or adjacent small row groups of one shard in one ranged read), then decodes and
+prepares each (tokens, or a wrapper that makes Python strings later). Reads and decodes are limited
+apart: reads by the source's adaptive ``ReadGate`` (many in flight when the store is far away), decodes
+by ``threads`` (about one per core), so a slow link does not idle the cores nor a fast one crowd them.
+The consumer receives whole windows in order and releases a window's blocks when it moves past it.
+Blocks shared by consecutive windows are fetched once. Everything waits on condition variables,
+semaphores or futures: nothing polls.
 
 The first window's blocks are fetched alone (slow start), so the first batch does not share the
-cores with read-ahead. The budget is a hard limit with one exception that prevents deadlock: when a single window needs more
-than the budget, that window alone is admitted (the consumer cannot make progress without it).
+cores with read-ahead. The budget is a hard limit with one exception that prevents deadlock: when a
+single window needs more than the budget, that window alone is admitted (the consumer cannot make
+progress without it). A block's reservation is the footer's figure when its shard's footer is in, else
+an estimate (a footer read would cost the scheduler a round trip), corrected once the block is decoded.
 """
 
 from __future__ import annotations
@@ -71,7 +77,11 @@ class Prefetcher:
         self._stop = False
         self._live: dict[int, _Entry] = {}  # block id, or -1 - block id for a first window's head decode
         self._raw: dict[int, bytes] = {}  # a block's bytes fetched for a head decode, until its full decode
-        self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="gristmill-fetch")
+        self._decoding = threading.BoundedSemaphore(max(1, threads))
+        self._footers_asked: set[int] = set()
+        # one thread per read the gate may allow, plus the decoders; the pool starts them only as needed
+        self._pool = ThreadPoolExecutor(max_workers=max(1, threads) + source.gate.maximum,
+                                        thread_name_prefix="gristmill-fetch")
         self._thread = threading.Thread(target=self._schedule, name="gristmill-plan", daemon=True)
         self._thread.start()
 
@@ -81,21 +91,44 @@ class Prefetcher:
         with self._cv:
             return self._used
 
-    def _task(self, key: int, block: int, estimate: int, head_rows: int | None) -> Any:
-        data = self._raw.pop(block, None)
-        if data is None:
-            if self.source.cache is not None:
-                self.source.cache.pin(self.source.cache_key(block))
-            data = self.source.fetch(block)
-        if head_rows is not None:
-            self._raw[block] = data  # the whole block's decode, for later windows, reuses this read
-        prepared, actual = self.prepare(self.source.decode(block, data, head_rows))
-        with self._cv:
-            entry = self._live.get(key)
-            if entry is not None and entry.nbytes == estimate:
-                self._used += actual - estimate
-                entry.nbytes = actual
-        return prepared
+    def _run(self, items: list[tuple[int, int, int, Future[Any]]], head_rows: int | None) -> None:
+        """Read a run of blocks (one ranged read), then decode and prepare each into its future.
+
+        ``items`` are (key in _live, block, reserved bytes, future) of adjacent blocks.
+        """
+        try:
+            raw = {block: self._raw.pop(block) for _, block, _, _ in items if block in self._raw}
+            missing = [block for _, block, _, _ in items if block not in raw]
+            if missing:
+                if self.source.cache is not None:
+                    for block in missing:
+                        self.source.cache.pin(self.source.cache_key(block))
+                raw.update(self.source.fetch_run(missing))
+            for key, block, estimate, future in items:
+                data = raw.pop(block)
+                if head_rows is not None:
+                    self._raw[block] = data  # the whole block's decode, for later windows, reuses this read
+                self.source.footer(int(self.source.layout.shard[block]))  # (a read: not in a decode slot)
+                with self._decoding:
+                    prepared, actual = self.prepare(self.source.decode(block, data, head_rows))
+                with self._cv:
+                    entry = self._live.get(key)
+                    if entry is not None and entry.nbytes == estimate:
+                        self._used += actual - estimate
+                        entry.nbytes = actual
+                future.set_result(prepared)
+        except BaseException as exc:
+            for _, _, _, future in items:
+                if not future.done():
+                    future.set_exception(exc)
+
+    def _submit(self, run: list[tuple[int, int, int]], head_rows: int | None) -> None:
+        """Hand a run of reserved blocks to the pool; their futures fail if the pool drops the task."""
+        items = [(key, block, estimate, Future()) for key, block, estimate in run]
+        for key, _, estimate, future in items:
+            self._live[key] = _Entry(future, 1, estimate)
+        task = self._pool.submit(self._run, items, head_rows)
+        task.add_done_callback(lambda _, items=items: [f.cancel() for *_, f in items])
 
     def _schedule(self) -> None:
         try:
@@ -119,17 +152,28 @@ class Prefetcher:
                             fresh.append((key, block))
                 if pending is not None and not self._publish(*pending):
                     return
-                for key, block in fresh:
-                    share = 1.0 if head_rows is None else head_rows / max(1, int(self.source.layout.rows[block]))
-                    estimate = int(self.source.block_nbytes(block) * self.expansion * share)
+                if head_rows is not None:
+                    runs = [[pair] for pair in fresh]
+                else:
+                    runs = [[(block, block) for block in run] for run in self.source.runs([b for _, b in fresh])]
+                for run in runs:
+                    shard = int(self.source.layout.shard[run[0][1]])
+                    if not self.source.has_footer(shard) and shard not in self._footers_asked:
+                        # read beside the block, not after it: one round trip less for a shard's first block
+                        self._footers_asked.add(shard)
+                        self._pool.submit(self.source.footer, shard)  # (a failure is raised by the block's task)
+                    reserved = []
+                    for key, block in run:
+                        share = 1.0 if head_rows is None else head_rows / max(1, int(self.source.layout.rows[block]))
+                        reserved.append((key, block, int(self.source.estimate_nbytes(block) * self.expansion * share)))
+                    need = sum(estimate for _, _, estimate in reserved)
                     with self._cv:
-                        self._cv.wait_for(lambda rel=relative, n=estimate: self._stop or self._released >= rel
+                        self._cv.wait_for(lambda rel=relative, n=need: self._stop or self._released >= rel
                                           or self._used + n <= self.budget)
                         if self._stop:
                             return
-                        self._used += estimate
-                        future = self._pool.submit(self._task, key, block, estimate, head_rows)
-                        self._live[key] = _Entry(future, 1, estimate)
+                        self._used += need
+                        self._submit(reserved, head_rows)
                 pending = (relative, (index, positions, blocks, rows, needed))
                 if relative == 0:  # slow start: the first batch's blocks get the cores to themselves
                     with self._cv:

@@ -1,0 +1,97 @@
+"""How many ranged reads a process keeps in flight: as many as the link rewards, found by measuring.
+
+A link that takes ``L`` seconds to the first byte and carries ``B`` bytes/s per connection needs about
+``throughput x read time / read size`` reads in flight to reach a given throughput (Little's law: the
+bandwidth-delay product counted in reads). Neither ``L``, ``B`` nor the link's total is known in advance,
+and all of them move, so the limit is found by measuring rather than by formula:
+
+- reads are counted in *rounds* of ``limit`` completed reads; a round's throughput is its bytes over its
+  wall time;
+- when a round was limited by the gate (some read had to wait for a slot) and its throughput beat every
+  earlier round's by 10 %, the limit grows by half (more reads in flight paid off: grow while it pays);
+- a throttling answer (503 SlowDown) halves the limit at once and forgets the best throughput, so
+  growth starts over from there (multiplicative decrease, as TCP and the S3 SDKs do);
+- a round that was not limited by the gate (the byte-bounded prefetch budget or the consumer was)
+  changes nothing: more slots would not have been used.
+
+So against local disk the limit stays near its start, while against 100 ms to first byte it climbs
+until the link's capacity, the budget, the CPU or ``maximum`` stops the throughput from rising.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from loaders.blocks import Counters
+
+START_READS = 4  # the fixed number of fetch threads before reads followed the link
+GROWTH = 1.5
+GAIN = 1.10  # a round must beat the best so far by this factor for the limit to grow
+
+
+class ReadGate:
+    """Admits ranged reads up to an adaptive limit and keeps the in-flight counters."""
+
+    def __init__(self, counters: Counters, *, start: int = START_READS, maximum: int = 64) -> None:
+        self.counters = counters
+        self.maximum = max(1, maximum)
+        self.limit = min(start, self.maximum)
+        self._cv = threading.Condition()
+        self._in_flight = 0
+        self._busy_since = 0.0
+        self._best = 0.0
+        self._new_round(time.perf_counter())
+        counters.set(in_flight_limit=self.limit)
+
+    def _new_round(self, now: float) -> None:
+        self._round_began, self._round_bytes, self._round_reads, self._round_waited = now, 0, 0, False
+
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        """Hold one of the ``limit`` read slots for the duration of a read."""
+        with self._cv:
+            if self._in_flight >= self.limit:
+                self._round_waited = True
+                self._cv.wait_for(lambda: self._in_flight < self.limit)
+            self._in_flight += 1
+            if self._in_flight == 1:
+                self._busy_since = time.perf_counter()
+            self.counters.peak(max_in_flight=self._in_flight)
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self.counters.add(read_seconds=time.perf_counter() - self._busy_since)
+                self._cv.notify_all()
+
+    def finished(self, nbytes: int) -> None:
+        """A read of ``nbytes`` completed; at the end of a round, decide whether to grow."""
+        with self._cv:
+            self._round_bytes += nbytes
+            self._round_reads += 1
+            if self._round_reads < self.limit:
+                return
+            now = time.perf_counter()
+            rate = self._round_bytes / max(now - self._round_began, 1e-9)
+            if self._round_waited and rate > self._best * GAIN:
+                self.limit = min(self.maximum, max(self.limit + 1, math.ceil(self.limit * GROWTH)))
+                self._cv.notify_all()
+            self._best = max(self._best, rate)
+            self._new_round(now)
+            self.counters.set(in_flight_limit=self.limit)
+
+    def throttled(self) -> None:
+        """The store asked us to slow down: halve the limit and measure afresh."""
+        with self._cv:
+            self.limit = max(1, self.limit // 2)
+            self._best = 0.0
+            self._new_round(time.perf_counter())
+            self.counters.set(in_flight_limit=self.limit)
