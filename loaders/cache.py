@@ -1,103 +1,297 @@
-"""The optional local disk cache of fetched blocks, for corpora on remote storage."""
+"""The node-local block cache: one directory shared by every rank and DataLoader worker on a machine.
+
+Remote corpora are read block by block; without sharing, 8 ranks x 2 workers on a node each fetch
+their own copy of a footer or block. Here the processes coordinate through the directory alone, with
+``flock`` locks, which the kernel releases when a process dies (SIGKILL included), so nothing a dead
+process held can wedge the others:
+
+* ``<key>.blk``: a block's bytes followed by their xxh3-128 digest, written to a temporary name and
+  renamed into place. A reader holds a shared lock on the file while reading it (and while the block
+  is pinned); a file whose size or digest is wrong (torn, foreign, garbage) is a miss, never data.
+* ``.dl-<key>``: held exclusively by the one process downloading a missing block; the others wait on
+  it and then read the block from the cache. One download per node.
+* ``.lock`` and ``.usage``: the directory-wide lock and the bytes in use (reserved before a block is
+  written, so the bound holds even for a writer killed half way). When a block would not fit, the
+  least recently used ``.blk`` files are removed, down to 90% of the bound, skipping every file some
+  process holds a shared lock on; if only those remain the new block is simply not cached.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
+
+import xxhash
+
+DIGEST_BYTES = 16
+LOW_WATER = 0.9  # an eviction pass frees down to this share of the bound, so passes are rare
 
 
 class DiskCache:
-    """A size-limited local directory of fetched blocks for remote corpora.
-
-    Blocks are files named after the shard checksum and byte range, written atomically. When the limit
-    would be exceeded the least recently used blocks go first, but never a block pinned as in use; when
-    only pinned blocks remain, the new block is simply not cached. Several processes (DataLoader
-    workers) may share a directory: each enforces the limit on the files it can see.
-    """
+    """A size-bounded block cache in a local directory, safe to share between processes (see the module)."""
 
     def __init__(self, directory: str, max_bytes: int) -> None:
         self.directory = directory
         self.max_bytes = max_bytes
         os.makedirs(directory, exist_ok=True)
         self._lock = threading.Lock()
-        self._pinned: dict[str, int] = {}
-        self._sizes: OrderedDict[str, int] = OrderedDict()
-        entries = sorted(os.scandir(directory), key=lambda e: e.stat().st_mtime)
-        for entry in entries:
-            if entry.is_file() and not entry.name.startswith("."):
-                self._sizes[entry.name] = entry.stat().st_size
+        self._pins: dict[str, int] = {}
+        self._held: dict[str, int] = {}  # pinned key -> descriptor holding a shared lock on its file
 
-    @property
-    def used_bytes(self) -> int:
+    # -- paths and locks ---------------------------------------------------------------------------
+    def _path(self, key: str) -> str:
+        return os.path.join(self.directory, f"{key}.blk")
+
+    def _open_locked(self, key: str) -> int | None:
+        """A descriptor on the block's file holding a shared lock, or None when there is no such file."""
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # absent, or a symbolic link someone put there
+            return None
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if os.fstat(fd).st_nlink == 0:  # evicted between open and lock: its space is about to be freed
+            os.close(fd)
+            return None
+        return fd
+
+    def _exclusive(self, path: str) -> int:
+        """An exclusive lock on ``path`` (created if needed), retried until the file locked is the one there."""
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+
+    # -- reading ------------------------------------------------------------------------------------
+    def _read(self, key: str, size: int | None) -> bytes | None:
+        """The block's bytes if its file is whole (size and digest), else None; keeps the lock if pinned."""
+        fd = self._open_locked(key)
+        if fd is None:
+            return None
+        keep = False
+        try:
+            with open(fd, "rb", closefd=False) as handle:
+                payload = handle.read()
+            data, digest = payload[:-DIGEST_BYTES], payload[-DIGEST_BYTES:]
+            if len(payload) < DIGEST_BYTES or (size is not None and len(data) != size) \
+                    or _digest(key, data) != digest:
+                return None
+            os.utime(fd)  # recency for eviction
+            with self._lock:
+                keep = key in self._pins and key not in self._held
+                if keep:
+                    self._held[key] = fd
+            return data
+        except OSError:  # not a regular file (a directory put there)
+            return None
+        finally:
+            if not keep:
+                os.close(fd)
+
+    def _hold(self, key: str) -> None:
+        """Take the shared lock a pin keeps on the block's file, once the file exists."""
         with self._lock:
-            return sum(self._sizes.values())
+            if key not in self._pins or key in self._held:
+                return
+        fd = self._open_locked(key)
+        if fd is None:
+            return
+        with self._lock:
+            if key in self._pins and key not in self._held:
+                self._held[key], fd = fd, None
+        if fd is not None:
+            os.close(fd)
 
+    def get(self, key: str) -> bytes | None:
+        """The cached block, or None when absent or damaged."""
+        return self._read(key, None)
+
+    def fetch(self, key: str, size: int, download: Callable[[], bytes]) -> tuple[bytes, bool]:
+        """The block under ``key`` (``size`` bytes) and whether it came from the cache (this process's
+        or another's download). When several processes miss the same block at once, one downloads."""
+        data = self._read(key, size)
+        if data is not None:
+            return data, True
+        if size + DIGEST_BYTES > self.max_bytes:
+            return download(), False
+        lock_path = os.path.join(self.directory, f".dl-{key}")
+        fd = self._exclusive(lock_path)
+        try:
+            data = self._read(key, size)
+            if data is not None:
+                return data, True
+            data = download()
+            self.put(key, data)
+            self._hold(key)
+            return data, False
+        finally:
+            os.unlink(lock_path)
+            os.close(fd)
+
+    # -- pins -----------------------------------------------------------------------------------------
     def pin(self, key: str) -> None:
+        """Keep ``key`` from eviction by any process until :meth:`unpin` (from when it is cached)."""
         with self._lock:
-            self._pinned[key] = self._pinned.get(key, 0) + 1
+            self._pins[key] = self._pins.get(key, 0) + 1
+        self._hold(key)
 
     def unpin(self, key: str) -> None:
         with self._lock:
-            left = self._pinned.get(key, 0) - 1
+            left = self._pins.get(key, 0) - 1
             if left > 0:
-                self._pinned[key] = left
-            else:
-                self._pinned.pop(key, None)
+                self._pins[key] = left
+                return
+            self._pins.pop(key, None)
+            fd = self._held.pop(key, None)
+        if fd is not None:
+            os.close(fd)
 
-    def get(self, key: str) -> bytes | None:
-        try:
-            with open(os.path.join(self.directory, key), "rb") as handle:
-                data = handle.read()
-        except FileNotFoundError:
-            with self._lock:
-                self._sizes.pop(key, None)
-            return None
-        with self._lock:
-            if key in self._sizes:
-                self._sizes.move_to_end(key)
-        return data
-
-    def fetch(self, key: str, size: int, download: Callable[[], bytes]) -> tuple[bytes, bool]:
-        """The block under ``key`` (``size`` bytes), from the cache or else downloaded and stored.
-
-        Returns the bytes and whether they came from the cache; a cached file of the wrong size is
-        ignored (a torn or foreign file) and replaced.
-        """
-        data = self.get(key)
-        if data is not None and len(data) == size:
-            return data, True
-        data = download()
-        self.put(key, data)
-        return data, False
-
+    # -- writing and eviction -----------------------------------------------------------------------
     def put(self, key: str, data: bytes) -> bool:
-        """Store a block; returns False when it could not fit without evicting a pinned block."""
-        with self._lock:
-            if len(data) > self.max_bytes:
-                return False
-            used = sum(self._sizes.values())
-            victims = []
-            for name, size in self._sizes.items():
-                if used + len(data) <= self.max_bytes:
-                    break
-                if name in self._pinned or name == key:
-                    continue
-                victims.append(name)
-                used -= size
-            if used + len(data) > self.max_bytes:
-                return False
-            for name in victims:
-                del self._sizes[name]
-                try:
-                    os.remove(os.path.join(self.directory, name))
-                except FileNotFoundError:
-                    pass
-            self._sizes[key] = len(data)
-        temporary = os.path.join(self.directory, f".tmp-{uuid.uuid4().hex}")
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-        os.replace(temporary, os.path.join(self.directory, key))
+        """Store a block; False when it cannot fit without evicting a block some process is using (or the
+        directory refuses the file)."""
+        size = len(data) + DIGEST_BYTES
+        if size > self.max_bytes:
+            return False
+        if not self._reserve(size):
+            return False
+        temporary = os.path.join(self.directory, f".tmp-{os.getpid()}-{size}-{uuid.uuid4().hex}")
+        try:
+            with open(temporary, "wb") as handle:
+                handle.write(data)
+                handle.write(_digest(key, data))
+            os.replace(temporary, self._path(key))
+        except OSError:  # a full disk, or a directory squatting on the block's name
+            self._release(size)
+            _remove(temporary)
+            return False
         return True
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes the cache counts as used on this node (blocks plus writes in progress)."""
+        fd = self._exclusive(os.path.join(self.directory, ".lock"))
+        try:
+            return self._usage()
+        finally:
+            os.close(fd)
+
+    def _usage(self) -> int:
+        try:
+            with open(os.path.join(self.directory, ".usage"), "rb") as handle:
+                text = handle.read()
+            return int(text)
+        except (FileNotFoundError, ValueError):
+            return self._scan(evict_to=None)
+
+    def _set_usage(self, used: int) -> None:
+        temporary = os.path.join(self.directory, f".tmp-usage-{os.getpid()}")
+        with open(temporary, "w") as handle:
+            handle.write(str(used))
+        os.replace(temporary, os.path.join(self.directory, ".usage"))
+
+    def _reserve(self, size: int) -> bool:
+        fd = self._exclusive(os.path.join(self.directory, ".lock"))
+        try:
+            used = self._usage()
+            if used + size > self.max_bytes:
+                used = self._scan(evict_to=int(self.max_bytes * LOW_WATER) - size)
+            if used + size > self.max_bytes:
+                return False
+            self._set_usage(used + size)
+            return True
+        finally:
+            os.close(fd)
+
+    def _release(self, size: int) -> None:
+        fd = self._exclusive(os.path.join(self.directory, ".lock"))
+        try:
+            self._set_usage(max(0, self._usage() - size))
+        finally:
+            os.close(fd)
+
+    def _scan(self, evict_to: int | None) -> int:
+        """Recount the directory (called under the directory lock), clearing what dead processes left;
+        with ``evict_to``, remove the least recently used unlocked blocks until at most that is used."""
+        blocks, used = [], 0
+        for entry in os.scandir(self.directory):
+            name = entry.name
+            if name.startswith(".tmp-"):
+                pid, size = _temporary_owner(name)
+                if pid is not None and _alive(pid):
+                    used += size
+                else:
+                    _remove(entry.path)
+            elif name.startswith(".dl-"):
+                _remove_unlocked(entry.path)
+            elif name.endswith(".blk") and entry.is_file(follow_symlinks=False):
+                stat = entry.stat(follow_symlinks=False)
+                blocks.append((stat.st_mtime_ns, entry.path, stat.st_size))
+                used += stat.st_size
+        if evict_to is not None:
+            for _, path, size in sorted(blocks):
+                if used <= evict_to:
+                    break
+                if _remove_unlocked(path):
+                    used -= size
+        self._set_usage(used)
+        return used
+
+
+def _digest(key: str, data: bytes) -> bytes:
+    """xxh3-128 of the key and the bytes: a whole file copied under another block's name is a miss too."""
+    hasher = xxhash.xxh3_128(key.encode("utf-8") + b"\0")
+    hasher.update(data)
+    return hasher.digest()
+
+
+def _temporary_owner(name: str) -> tuple[int | None, int]:
+    """(pid, reserved bytes) from ``.tmp-<pid>-<bytes>-<uuid>``; (None, 0) for a name not of that form."""
+    parts = name.split("-")
+    if len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit():
+        return int(parts[1]), int(parts[2])
+    return None, 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _remove_unlocked(path: str) -> bool:
+    """Remove ``path`` unless some process holds a lock on it; True when removed."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    try:
+        os.remove(path)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(fd)
