@@ -38,6 +38,7 @@ from .fetch import HTML_TYPES, SITEMAP_TYPES, BlockedError, Fetcher, FetchError,
 from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, ResultLog, now_ms
 from .oracle import DuplicateOracle, OracleError
 from .output import SHARD_PREFIX, Committer, check_output_folder, warc_payload
+from .partitioned import Coordinator, check_partitions, state_root
 from .partitions import Exchange, ExchangeError, Link, Partition, partition_of, write_json
 from .proxies import NoProxyAvailable, ProxyPool, ProxySpec
 from .robots import Robots, fetch_robots
@@ -217,11 +218,7 @@ class Crawler:
         self.output = output
         self.seeds = list(seeds)
         self.on_progress = on_progress
-        state_dir = self.config.state_dir
-        if state_dir is None:
-            if "://" in output and not output.startswith("file://"):
-                raise ValueError(f"{output}: a remote output needs state_dir (a local folder for the frontier)")
-            state_dir = os.path.join(output.removeprefix("file://"), ".crawl")
+        state_dir = state_root(output, self.config.state_dir)
         os.makedirs(state_dir, exist_ok=True)
         self.state_path = os.path.join(state_dir, STATE_FILE)
         self.frontier = Frontier(self.state_path, self.config.synchronous)
@@ -971,9 +968,8 @@ def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
     """
     cfg = config or CrawlConfig(**options)
     check_output_folder(output, cfg.storage_options)  # before any state is made
+    check_partitions(state_root(output, cfg.state_dir), cfg.partitions)
     if cfg.partitions > 1:
-        from .partitioned import Coordinator
-
         merged, received = Coordinator(seeds, output, cfg, oracle).run()
         summary = CrawlSummary(**merged)
     else:

@@ -42,24 +42,25 @@ def _partition_main(seeds: list[str], output: str, config: Any, partition: Parti
     results.send(summary.to_dict())
 
 
-def _state_root(output: str, state_dir: str | None) -> str:
+def state_root(output: str, state_dir: str | None) -> str:
+    """The crawl's state folder: ``state_dir``, else ``OUTPUT/.crawl`` for a local output."""
     if state_dir is not None:
         return state_dir
     if "://" in output and not output.startswith("file://"):
-        raise ValueError(f"{output}: a remote output needs state_dir (a local folder for the frontiers)")
+        raise ValueError(f"{output}: a remote output needs state_dir (a local folder for the frontier)")
     return os.path.join(output.removeprefix("file://"), ".crawl")
 
 
-def check_layout(root: str, count: int) -> None:
-    """Refuse to resume with another number of partitions: hosts would change owners mid-crawl."""
+def check_partitions(root: str, count: int) -> None:
+    """Refuse (ValueError) to resume with another number of partitions: hosts would change owners."""
     layout = read_json(os.path.join(root, LAYOUT_FILE))
-    if os.path.exists(os.path.join(root, "frontier.sqlite")):
-        raise ValueError(f"{root} holds a one-partition crawl; resume it without --partitions")
-    if layout is None:
-        os.makedirs(root, exist_ok=True)
-        write_json(os.path.join(root, LAYOUT_FILE), {"partitions": count})
-    elif not isinstance(layout, dict) or layout.get("partitions") != count:
-        raise ValueError(f"{root} holds a crawl with {layout} partitions, not {count}; resume it with the same "
+    if layout is None and not os.path.exists(os.path.join(root, LAYOUT_FILE)):
+        if count > 1 and os.path.exists(os.path.join(root, "frontier.sqlite")):
+            raise ValueError(f"{root} holds a crawl with 1 partition, not {count}; resume it without --partitions")
+        return
+    found = layout.get("partitions") if isinstance(layout, dict) else None
+    if found != count:
+        raise ValueError(f"{root} holds a crawl with {found} partitions, not {count}; resume it with the same "
                          "--partitions")
 
 
@@ -77,8 +78,10 @@ class Coordinator:
 
     def __init__(self, seeds: list[str], output: str, config: Any, oracle: DuplicateOracle | None) -> None:
         self.seeds, self.output, self.config, self.oracle = seeds, output, config, oracle
-        self.root = _state_root(output, config.state_dir)
-        check_layout(self.root, config.partitions)
+        self.root = state_root(output, config.state_dir)
+        check_partitions(self.root, config.partitions)
+        os.makedirs(self.root, exist_ok=True)
+        write_json(os.path.join(self.root, LAYOUT_FILE), {"partitions": config.partitions})
         self.parts = [Partition(i, config.partitions, self.root) for i in range(config.partitions)]
         self.context = multiprocessing.get_context("spawn")
         self.processes: dict[int, tuple[Any, Connection]] = {}

@@ -42,13 +42,17 @@ def _suffix_list():  # type: ignore[no-untyped-def]
     return tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None, include_psl_private_domains=True)
 
 
-@lru_cache(maxsize=65536)
 def partition_key(url: str) -> str:
     """What decides a URL's partition: its registered domain, else its host (an IP with its port)."""
-    host = host_of(url)
+    return _origin_key(origin_of(url))
+
+
+@lru_cache(maxsize=65536)
+def _origin_key(origin: str) -> str:
+    host = host_of(origin + "/")
     try:
         ipaddress.ip_address(host)
-        return origin_of(url).split("//", 1)[1]
+        return origin.split("//", 1)[1]
     except ValueError:
         pass
     return _suffix_list()(host).top_domain_under_public_suffix or host

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from crawlers.extract import ByteBudget
 from crawlers.frontier import Frontier, outcome_kind
-from crawlers.partitions import Exchange, ExchangeError, Link, partition_key, partition_of
+from crawlers.partitions import Exchange, ExchangeError, Link, _suffix_list, partition_key, partition_of
 
 OUTCOMES = ["ok", "http 404", "robots: disallowed by robots.txt", "failed: http 503 (after 4 attempts)",
             "duplicate: of abc (dedup service)", "redirect", "empty: no main text"]
@@ -123,7 +123,7 @@ def test_partition_keys_come_from_the_bundled_suffix_list_without_the_network(mo
 
     monkeypatch.setattr(socket, "create_connection", refuse)
     monkeypatch.setattr(socket.socket, "connect", refuse)
-    partition_key.cache_clear()
+    _suffix_list.cache_clear()  # loaded afresh under the guard
     assert partition_key("http://www.bbc.co.uk/news") == partition_key("https://sport.bbc.co.uk/") == "bbc.co.uk"
     assert partition_key("http://alice.github.io/") != partition_key("http://bob.github.io/")  # private suffixes
     assert partition_key("http://lindenpost.test:8080/") == "lindenpost.test"  # no known suffix: the host

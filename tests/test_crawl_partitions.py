@@ -161,9 +161,16 @@ def test_a_partition_killed_mid_crawl_restarts_and_nothing_is_lost_or_stored_twi
     assert stored_urls(out) == first
 
 
-def test_another_number_of_partitions_is_refused_on_resume(site: TimedDemoSite, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    (out / ".crawl").mkdir(parents=True)
-    (out / ".crawl" / "partitions.json").write_text(json.dumps({"partitions": 3}))
-    with pytest.raises(ValueError, match="with the same --partitions"):
-        crawl(site.seeds, str(out), allow_networks=["127.0.0.0/8"], partitions=2)
+@pytest.mark.parametrize(("before", "now"), [(3, 2), (2, 1), (1, 2)])
+def test_another_number_of_partitions_is_refused_on_resume(tmp_path: Path, before: int, now: int) -> None:
+    state = tmp_path / "out" / ".crawl"
+    state.mkdir(parents=True)
+    if before == 1:
+        (state / "frontier.sqlite").write_bytes(b"")
+    else:
+        (state / "partitions.json").write_text(json.dumps({"partitions": before}))
+    command = [sys.executable, "-m", "pipeline.cli", "crawl", "-", "-o", str(tmp_path / "out"),
+               "--partitions", str(now)]
+    result = subprocess.run(command, input="http://a.test/\n", capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert result.returncode == 2
+    assert f"with {before} partition" in result.stderr and f"not {now}" in result.stderr

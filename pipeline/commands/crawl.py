@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user-agent", help="User-Agent header")
     parser.add_argument("--progress", type=float, default=10.0, help="seconds between progress lines")
     parser.add_argument("--quiet", action="store_true", help="only warnings and the summary")
+    parser.add_argument("--partitions", type=int, default=1, metavar="K",
+                        help="crawler processes, each owning the hosts whose registered domain hashes to it; "
+                             "a re-run must use the same K (default 1)")
     parser.add_argument("--dedup-service", metavar="URL",
                         help=f"gristmill serve URL: skip storing documents it already has (token from {TOKEN_ENV})")
 
@@ -100,6 +103,7 @@ def read_seeds(path: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from crawlers.crawler import CrawlConfig, crawl
     from crawlers.output import check_output_folder
+    from crawlers.partitioned import check_partitions, state_root
     from pipeline.service.oracle import ServiceOracle
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
@@ -115,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = CrawlConfig(**_options(args))
         check_output_folder(args.output, config.storage_options)
+        check_partitions(state_root(args.output, config.state_dir), config.partitions)
     except ValueError as exc:
         print(f"gristmill crawl: {exc}", file=sys.stderr)
         return 2
@@ -158,7 +163,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "extract": not args.no_extract, "warc": args.warc, "allow_networks": tuple(args.allow_network),
         "host_map": _pairs(args.resolve, "--resolve"), "proxies": tuple(args.proxy),
         "proxy_routes": _pairs(args.route, "--route"), "retry_parked": args.retry_parked,
-        "progress_interval": args.progress,
+        "progress_interval": args.progress, "partitions": args.partitions,
     }
     if args.extract_workers:
         options["extract_workers"] = args.extract_workers

@@ -1,0 +1,145 @@
+"""Crawl speed with K = 1, 2 (...) partitions on the loopback benchmark site served as several hosts.
+
+Why several hosts: a partition owns whole hosts, so one host can only ever use one partition. The
+site of ``crawl_speed.py`` (pre-rendered articles, ten links each) is served on ``--hosts`` ports of
+127.0.0.1 by a server in its own process; every crawl runs in a fresh interpreter, K values
+alternating, robots.txt obeyed, no delays, extraction off or on, the same total ``--concurrency``
+(split over the partitions). Reported: medians of pages/s (``CrawlSummary.elapsed_s``, partitions'
+start-up included), the ratio to K = 1, and the CPU seconds per page of the crawl (all its processes)
+and of the server, read from /proc: with C cores, K partitions cannot go faster than
+C / (crawl + server CPU per page), the ceiling printed beside each row.
+
+    .venv-bench/bin/python benchmarks/crawl_partitions.py [--hosts 8] [--pages 1000] [--runs 3] [--ks 1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from crawl_speed import ROOT, render_site  # noqa: E402
+from process_tree import TreeMemory  # noqa: E402
+
+CRAWL = """
+import json, sys
+from crawlers import crawl
+if __name__ == "__main__":
+    seeds, out, partitions, extract, concurrency = json.loads(sys.argv[1])
+    summary = crawl(seeds, out, allow_networks=["127.0.0.0/8"], concurrency=concurrency, per_host_concurrency=4,
+                    min_delay=0.0, adaptive=False, extract=extract, partitions=partitions, progress_interval=3600)
+    print(json.dumps({"pages": summary.documents, "elapsed": summary.elapsed_s}))
+"""
+
+
+def serve(pages: int, hosts: int, ports_out: multiprocessing.connection.Connection) -> None:
+    """The same site on ``hosts`` ports (its own process, so it never competes for a crawler's GIL)."""
+    import asyncio
+
+    from aiohttp import web
+
+    site = render_site(pages)
+
+    async def handler(request: web.Request) -> web.Response:
+        body = site.get(request.path)
+        if body is None:
+            return web.Response(status=404)
+        if request.path.endswith(".txt"):
+            return web.Response(body=body, content_type="text/plain")
+        return web.Response(body=body, content_type="text/html", charset="utf-8")
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_route("GET", "/{tail:.*}", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        ports = []
+        for _ in range(hosts):
+            tcp = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+            await tcp.start()
+            ports.append(tcp._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        ports_out.send(ports)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def crawl_once(seeds: list[str], partitions: int, extract: bool, concurrency: int) -> dict[str, float]:
+    """One crawl in a fresh interpreter; its pages, elapsed seconds and CPU seconds (all its processes)."""
+    with tempfile.TemporaryDirectory() as out, tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as code:
+        code.write(CRAWL)
+        code.close()
+        try:
+            process = subprocess.Popen([sys.executable, code.name, json.dumps([seeds, out, partitions, extract,
+                                                                                concurrency])],
+                                       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+            tree = TreeMemory(process.pid)
+            stdout, stderr = process.communicate()
+            measured = tree.stop()
+        finally:
+            os.unlink(code.name)
+    if process.returncode != 0:
+        raise RuntimeError(f"crawl failed:\n{stderr[-3000:]}")
+    return {**json.loads(stdout.strip().splitlines()[-1]), "cpu": measured["cpu"]}
+
+
+def cpu_seconds(pid: int) -> float:
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=8)
+    parser.add_argument("--pages", type=int, default=1000, help="pages per host")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--ks", default="1,2")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--extraction", choices=("off", "on", "both"), default="off")
+    args = parser.parse_args()
+    ks = [int(k) for k in args.ks.split(",")]
+    receive, send = multiprocessing.Pipe(duplex=False)
+    server = multiprocessing.Process(target=serve, args=(args.pages, args.hosts, send), daemon=True)
+    server.start()
+    seeds = [f"http://127.0.0.1:{port}/p0.html" for port in receive.recv()]
+    cores = len(os.sched_getaffinity(0))
+    print(f"site: {args.pages} pages x {args.hosts} hosts on 127.0.0.1; total concurrency {args.concurrency}; "
+          f"{args.runs} runs each, alternating; {cores} cores; load average before {os.getloadavg()[0]:.1f}\n")
+    print("| extraction | K | pages/s (median) | x K=1 | crawl CPU s/page | server CPU s/page | "
+          "ceiling pages/s on all cores | pages |")
+    print("|---|---|---|---|---|---|---|---|")
+    try:
+        for extract in {"off": (False,), "on": (True,), "both": (False, True)}[args.extraction]:
+            runs: dict[int, list[dict[str, float]]] = {k: [] for k in ks}
+            for _ in range(args.runs):
+                for k in ks:
+                    server_before = cpu_seconds(server.pid)
+                    result = crawl_once(seeds, k, extract, args.concurrency)
+                    result["server_cpu"] = cpu_seconds(server.pid) - server_before
+                    runs[k].append(result)
+            base = statistics.median(r["pages"] / r["elapsed"] for r in runs[ks[0]])
+            for k in ks:
+                rate = statistics.median(r["pages"] / r["elapsed"] for r in runs[k])
+                crawl_cpu = statistics.median(r["cpu"] / r["pages"] for r in runs[k])
+                server_cpu = statistics.median(r["server_cpu"] / r["pages"] for r in runs[k])
+                pages = int(statistics.median(r["pages"] for r in runs[k]))
+                print(f"| {'on' if extract else 'off'} | {k} | {rate:.0f} | {rate / base:.2f}x | {crawl_cpu * 1000:.2f} ms |"
+                      f" {server_cpu * 1000:.2f} ms | {cores / (crawl_cpu + server_cpu):.0f} | {pages} |", flush=True)
+    finally:
+        server.terminate()
+    print(f"\nload average after {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
