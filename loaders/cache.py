@@ -28,6 +28,7 @@ import xxhash
 
 DIGEST_BYTES = 16
 LOW_WATER = 0.9  # an eviction pass frees down to this share of the bound, so passes are rare
+BOOKKEEPING_BYTES = 64  # the usage file (and its replacement while written) counts against the bound too
 
 
 class DiskCache:
@@ -36,6 +37,7 @@ class DiskCache:
     def __init__(self, directory: str, max_bytes: int) -> None:
         self.directory = directory
         self.max_bytes = max_bytes
+        self._capacity = max_bytes - BOOKKEEPING_BYTES  # for blocks and writes in progress
         os.makedirs(directory, exist_ok=True)
         self._lock = threading.Lock()
         self._pins: dict[str, int] = {}
@@ -119,7 +121,7 @@ class DiskCache:
         data = self._read(key, size)
         if data is not None:
             return data, True
-        if size + DIGEST_BYTES > self.max_bytes:
+        if size + DIGEST_BYTES > self._capacity:
             return download(), False
         lock_path = os.path.join(self.directory, f".dl-{key}")
         fd = self._exclusive(lock_path)
@@ -158,7 +160,7 @@ class DiskCache:
         """Store a block; False when it cannot fit without evicting a block some process is using (or the
         directory refuses the file)."""
         size = len(data) + DIGEST_BYTES
-        if size > self.max_bytes:
+        if size > self._capacity:
             return False
         if not self._reserve(size):
             return False
@@ -201,9 +203,9 @@ class DiskCache:
         fd = self._exclusive(os.path.join(self.directory, ".lock"))
         try:
             used = self._usage()
-            if used + size > self.max_bytes:
-                used = self._scan(evict_to=int(self.max_bytes * LOW_WATER) - size)
-            if used + size > self.max_bytes:
+            if used + size > self._capacity:
+                used = self._scan(evict_to=int(self._capacity * LOW_WATER) - size)
+            if used + size > self._capacity:
                 return False
             self._set_usage(used + size)
             return True

@@ -414,7 +414,7 @@ def test_disk_cache_respects_its_limit_and_serves_later_epochs(corpus: tuple[str
 
 
 def test_disk_cache_never_evicts_a_pinned_block(tmp_path: str) -> None:
-    cache = DiskCache(str(tmp_path), max_bytes=100)
+    cache = DiskCache(str(tmp_path), max_bytes=164)  # one 60-byte block fits (+16 digest, +64 bookkeeping), two do not
     assert cache.put("a", b"x" * 60)
     cache.pin("a")
     assert not cache.put("b", b"y" * 60)  # would need to evict "a", which is in use

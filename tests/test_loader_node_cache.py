@@ -25,10 +25,9 @@ pytestmark = pytest.mark.timeout(180)
 SPAWN = multiprocessing.get_context("spawn")  # the test process runs threads (moto): children start clean
 
 
-def _cache_files(directory: str) -> int:
-    """Bytes of blocks and writes in progress in a cache directory: what the bound covers."""
-    return sum(e.stat().st_size for e in os.scandir(directory)
-               if e.name.endswith(".blk") or e.name.startswith(".tmp-"))
+def _cache_files(directory: str, suffix: str = "") -> int:
+    """Bytes of the files in a cache directory (those ending in ``suffix``): the bound covers them all."""
+    return sum(e.stat().st_size for e in os.scandir(directory) if e.name.endswith(suffix))
 
 
 # -- 2 ranks x 2 workers reading a corpus on S3 ---------------------------------------------------------
@@ -75,7 +74,7 @@ def test_two_ranks_two_workers_read_each_block_from_storage_once(s3_server: dict
     read = sum(bytes_read for _, _, bytes_read in results)
     assert blocks + footers <= read <= corpus.manifest.num_bytes + blocks  # + neighbours a coalesced read took
     stored = [name for name in os.listdir(cache_dir) if name.endswith(".blk")]
-    assert len(stored) == len(downloads) and _cache_files(cache_dir) == blocks + footers + 16 * len(stored)
+    assert len(stored) == len(downloads) and _cache_files(cache_dir, ".blk") == blocks + footers + 16 * len(stored)
 
 
 # -- one download when several processes miss the same block at once -------------------------------
@@ -110,7 +109,7 @@ def test_processes_missing_the_same_block_at_once_download_it_once(tmp_path: Pat
 
 # -- processes killed while holding a download, a pin, or a half-written block ---------------------
 def _hold_then_hang(directory: str, role: str, ready: str) -> None:
-    cache = DiskCache(directory, 3 * 1016)
+    cache = DiskCache(directory, 3 * 1016 + 64)
     if role == "download":  # killed inside download(): holds the block's download lock
         cache.fetch("k", 1000, lambda: (Path(ready).touch(), time.sleep(600), b"")[-1])
     elif role == "pin":  # killed while using a cached block
@@ -134,7 +133,7 @@ def _killed_holding(directory: str, role: str, tmp_path: Path) -> None:
         time.sleep(0.02)
     assert ready.exists()
     if role == "pin":  # while it lives, its block survives any pressure to evict
-        cache = DiskCache(directory, 3 * 1016)
+        cache = DiskCache(directory, 3 * 1016 + 64)
         for index in range(4):
             cache.put(f"x{index}", b"x" * 1000)
         assert cache.get("p") == b"p" * 1000
@@ -145,7 +144,7 @@ def _killed_holding(directory: str, role: str, tmp_path: Path) -> None:
 
 def test_a_process_killed_holding_a_block_wedges_nothing_and_the_bound_holds(tmp_path: Path) -> None:
     directory = str(tmp_path / "cache")
-    bound = 3 * 1016  # three blocks of 1000 bytes and their digests
+    bound = 3 * 1016 + 64  # three blocks of 1000 bytes and their digests, and the usage file
     for role in ("download", "pin", "write"):
         _killed_holding(directory, role, tmp_path)
     cache = DiskCache(directory, bound)
@@ -160,7 +159,7 @@ def test_a_process_killed_holding_a_block_wedges_nothing_and_the_bound_holds(tmp
 
 # -- the bound under writers in several processes -----------------------------------------------------
 def _fill(directory: str, prefix: str, queue: multiprocessing.Queue) -> None:
-    cache = DiskCache(directory, 10 * 1016)
+    cache = DiskCache(directory, 10 * 1016 + 64)
     stored = sum(cache.put(f"{prefix}{index}", os.urandom(1000)) for index in range(40))
     queue.put(stored)
 
@@ -173,8 +172,8 @@ def test_concurrent_writers_keep_the_cache_within_its_bound(tmp_path: Path) -> N
     assert [queue.get(timeout=60) for _ in processes] == [40, 40]
     for process in processes:
         process.join(30)
-    assert _cache_files(directory) <= 10 * 1016
-    assert DiskCache(directory, 10 * 1016).used_bytes == _cache_files(directory)
+    assert _cache_files(directory) <= 10 * 1016 + 64
+    assert DiskCache(directory, 10 * 1016 + 64).used_bytes == _cache_files(directory, ".blk")
 
 
 # -- hostile directory contents -------------------------------------------------------------------------
