@@ -95,7 +95,7 @@ def test_snapshot_plus_log_replay_equals_the_log_alone(tmp_path: Path) -> None:
     compacted = DedupService(str(tmp_path / "compacted"), PARAMS)
     log_only = DedupService(str(tmp_path / "log-only"), PARAMS)
     try:
-        assert compacted.counters.replayed < 40 < log_only.counters.replayed == sum(r["added"] for r in first)
+        assert compacted.counters.replayed < log_only.counters.replayed == sum(r["added"] for r in first)
         assert (verdicts(compacted), everything(compacted)) == before == (verdicts(log_only), everything(log_only))
     finally:
         compacted.close()

@@ -320,6 +320,23 @@ class RowStore:
         self._file.close()
 
 
+def return_freed_memory() -> None:
+    """Make freed large arrays go back to the system at once, so resident memory follows the index.
+
+    glibc raises its mmap threshold after large frees, after which a loader's freed temporaries stay
+    in the heap (about 450 B/doc resident after loading 1 M documents, against 250 with a fixed
+    threshold); Arrow's default pool keeps freed batches too. Linux/glibc only; elsewhere a no-op.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    mallopt = getattr(ctypes.CDLL(name), "mallopt", None) if name else None
+    if mallopt is not None:
+        mallopt(-3, 1 << 17)  # M_MMAP_THRESHOLD: arrays of 128 KiB and more are mapped, and unmapped when freed
+    pa.set_memory_pool(pa.system_memory_pool())
+
+
 def hash_words(content_hashes: list[str]) -> np.ndarray:
     """32-hex content hashes as an (n, 2) uint64 array: the high then the low 64 bits."""
     raw = np.frombuffer(bytes.fromhex("".join(content_hashes)), dtype=">u8").reshape(-1, 2)

@@ -39,7 +39,7 @@ from pipeline.service.columns import (
 )
 
 MAX_NEAR_DUPLICATES = 10
-LOAD_BATCH_ROWS = 65_536  # rows of an index file read at once: the loading peak above the index itself
+LOAD_BATCH_ROWS = 16_384  # rows of an index file read at once (~20 MB): the loading peak above the index itself
 EXPORT_ROWS = 1 << 20  # documents per exported index file
 
 
@@ -129,9 +129,10 @@ class LiveIndex:
 
 
 # -- loading a corpus's signature index ---------------------------------------------------------
-def load_corpus_index(url: str, rows_path: str) -> tuple[IndexParams, LiveIndex]:
+def load_corpus_index(url: str, rows_path: str, part: tuple[int, int] = (0, 1)) -> tuple[IndexParams, LiveIndex]:
     """A corpus's signature index (what ``gristmill dedup`` writes) as a :class:`LiveIndex` whose rows
-    go to a new :class:`RowStore` at ``rows_path``.
+    go to a new :class:`RowStore` at ``rows_path``; with ``part`` = (k, K) only the documents whose
+    content hash's top 64 bits are k modulo K (one shard's).
 
     Two passes over the index files, one batch in memory at a time: the first counts the keys of
     each main bucket, the second writes rows to ``rows`` and keys into buckets allocated to their
@@ -150,7 +151,8 @@ def load_corpus_index(url: str, rows_path: str) -> tuple[IndexParams, LiveIndex]
         for path in files:
             try:
                 with corpus.fs.open(path, "rb") as handle:
-                    parquet = pq.ParquetFile(handle)
+                    # streamed through a small buffer: by default pyarrow reads whole column chunks ahead
+                    parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 22)
                     for name in columns:
                         have = parquet.schema_arrow.field(name).type if name in parquet.schema_arrow.names else None
                         if have != schema.field(name).type:
@@ -163,10 +165,13 @@ def load_corpus_index(url: str, rows_path: str) -> tuple[IndexParams, LiveIndex]
     band_counts = np.zeros(BUCKETS, np.int64)
     exact_counts = np.zeros(BUCKETS, np.int64)
     total = 0
+    shard, shards = np.uint64(part[0]), np.uint64(part[1])
     for path, batch in batches(["content_hash", "bands"]):
-        band_counts += np.bincount(_bucket(list_matrix(batch["bands"], params.bands)), minlength=BUCKETS)
-        exact_counts += np.bincount(_bucket(_hash_words(batch["content_hash"], path)[:, 0]), minlength=BUCKETS)
-        total += batch.num_rows
+        words = _hash_words(batch["content_hash"], path)
+        mine = words[:, 0] % shards == shard
+        band_counts += np.bincount(_bucket(list_matrix(batch["bands"], params.bands)[mine]), minlength=BUCKETS)
+        exact_counts += np.bincount(_bucket(words[mine, 0]), minlength=BUCKETS)
+        total += int(mine.sum())
     if total >= MAX_DOCS:
         raise CorpusError(f"{url}: {total:,} documents; one index holds at most {MAX_DOCS:,} (run more shards)")
 
@@ -174,10 +179,12 @@ def load_corpus_index(url: str, rows_path: str) -> tuple[IndexParams, LiveIndex]
     rows = RowStore(rows_path, params.num_perm + ROW_HEAD)
     rows.reserve(total)
     ids = IdColumn()
-    for path, batch in batches(["id", "content_hash", "length", "signature", "bands"]):
+    for path, whole in batches(["id", "content_hash", "length", "signature", "bands"]):
+        words = _hash_words(whole["content_hash"], path)
+        mine = words[:, 0] % shards == shard
+        batch, words = whole.filter(pa.array(mine)), words[mine]
         start, n = rows.count, batch.num_rows
         docs = np.arange(start, start + n, dtype=np.uint32)
-        words = _hash_words(batch["content_hash"], path)
         block = np.empty((n, rows.width), np.uint64)
         block[:, :2], block[:, 2] = words, batch["length"].to_numpy(zero_copy_only=False).astype(np.uint64)
         block[:, ROW_HEAD:] = list_matrix(batch["signature"], params.num_perm)

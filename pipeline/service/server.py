@@ -47,7 +47,7 @@ from aiohttp import web
 from dedup.lsh import band_hashes
 from dedup.normalize import fold_prepared, hashes_of_folded, prepare
 from pipeline.format.signature_index import IndexParams, params_from_dict, params_to_dict
-from pipeline.service.columns import ROW_HEAD, RowStore
+from pipeline.service.columns import ROW_HEAD, RowStore, return_freed_memory
 from pipeline.service.index import LiveIndex, load_corpus_index
 from pipeline.service.snapshot import (
     LOG_NAME,
@@ -276,6 +276,14 @@ class Counters:
     replayed: int = 0
     started: float = field(default_factory=time.time)
 
+    def count(self, results: Sequence[dict[str, Any]]) -> None:
+        """Count a batch's verdicts (inserts are counted where they are logged)."""
+        for r in results:
+            self.new += r["new"]
+            self.exact_duplicates += r["exact_duplicate_of"] is not None
+            self.near_duplicates += r["exact_duplicate_of"] is None and bool(r["near_duplicates"])
+        self.checked += len(results)
+
 
 @dataclass(frozen=True)
 class Doc:
@@ -294,6 +302,29 @@ class Fingerprints:
     bands: np.ndarray
 
 
+def verdict(doc_id: str, digest: str, add: bool, exact: str | None, near: Sequence[tuple[str, float]]) -> dict[str, Any]:
+    """One document's answer as the API gives it; ``near`` most similar first."""
+    is_new = exact is None and not near
+    return {"id": doc_id, "new": is_new, "added": add and is_new, "exact_duplicate_of": exact,
+            "near_duplicates": [{"id": j, "similarity": round(sim, 4)} for j, sim in near], "content_hash": digest}
+
+
+async def fingerprints(hasher: Any, params: IndexParams, docs: Sequence[Doc]) -> Fingerprints:
+    """Hash a batch in slices of about ``FINGERPRINT_SLICE_CHARS`` characters, yielding to the event
+    loop after each: hashing is pure, so it needs no exclusion, and other clients are served while a
+    large batch is hashed (the kernels hold the GIL, so a thread would not free the loop)."""
+    normalize = hasher.normalize
+    digests: list[str] = []
+    signatures: list[np.ndarray] = []
+    for part in _slices(docs, FINGERPRINT_SLICE_CHARS):
+        data, offsets = prepare([d.text for d in part], normalize)
+        digests += hashes_of_folded(*fold_prepared(data, offsets, normalize))
+        signatures.append(hasher.signatures_prepared(data, offsets)[0])
+        await asyncio.sleep(0)
+    matrix = np.concatenate(signatures)
+    return Fingerprints(digests, matrix, band_hashes(matrix, params.bands, params.rows))
+
+
 def _slices(docs: Sequence[Doc], chars: int) -> Iterator[Sequence[Doc]]:
     """Consecutive runs of ``docs`` holding about ``chars`` characters of text each (at least one document)."""
     start, size = 0, 0
@@ -310,16 +341,18 @@ class DedupService:
     """The index, its log and the counters; transport-agnostic so tests and benchmarks can drive it."""
 
     def __init__(self, state: str, params: IndexParams | None = None, *, index_url: str | None = None,
-                 compact_every: int = DEFAULT_COMPACT_EVERY) -> None:
+                 compact_every: int = DEFAULT_COMPACT_EVERY, part: tuple[int, int] = (0, 1)) -> None:
         """Open the state folder: the latest snapshot, else the corpus index at ``index_url`` (else an
         empty index with ``params``), then every log after the snapshot replayed on top.
 
         A folder is tied to what it started from: a snapshot of another index, or of other
         parameters, is refused (:class:`StateError`), as a log written with other parameters is
-        (:class:`LogError`).
+        (:class:`LogError`). ``part`` = (k, K): of a corpus index, load only the documents of shard k
+        of K (:func:`pipeline.service.shards.home_shard`).
         """
         if params is None and index_url is None:
             raise ValueError("give the index parameters or a corpus index to start from")
+        return_freed_memory()
         self.state = state
         self.compact_every = compact_every
         self.counters = Counters()
@@ -328,12 +361,12 @@ class DedupService:
         self._background: set[asyncio.Future[Any]] = set()
         self._compacting = False
         try:
-            self._open(params, index_url)
+            self._open(params, index_url, part)
         except BaseException:
             self.close()
             raise
 
-    def _open(self, params: IndexParams | None, index_url: str | None) -> None:
+    def _open(self, params: IndexParams | None, index_url: str | None, part: tuple[int, int]) -> None:
         state = self.state
         remove_uncommitted(state)
         rows_path = os.path.join(state, ROWS_NAME)
@@ -358,7 +391,7 @@ class DedupService:
             self._rows_segments = meta["rows"]
             remove_before(state, done[-1])
         elif index_url is not None:
-            self.params, self.index = load_corpus_index(index_url, rows_path)
+            self.params, self.index = load_corpus_index(index_url, rows_path, part)
             self.since_snapshot = len(self.index)
         else:
             assert params is not None
@@ -402,11 +435,17 @@ class DedupService:
         future.add_done_callback(self._background.discard)
         return future
 
-    def _after_apply(self) -> None:
+    def after_insert(self) -> None:
+        """Between batches: freeze full deltas for the background, and compact when it is due."""
         if len(self.index.ids.fresh) >= DELTA_DOCS:
             self.index.freeze()
             self._in_background(self._settle).add_done_callback(_log_failure)
         if self.since_snapshot >= self.compact_every:
+            self.start_compaction()
+
+    def start(self) -> None:
+        """Called once the loop runs: what the start replayed or loaded goes into a snapshot, off the loop."""
+        if self.since_snapshot:
             self.start_compaction()
 
     def start_compaction(self) -> None:
@@ -468,19 +507,7 @@ class DedupService:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
     async def fingerprints(self, docs: Sequence[Doc]) -> Fingerprints:
-        """Hash a batch in slices of about ``FINGERPRINT_SLICE_CHARS`` characters, yielding to the event
-        loop after each: hashing is pure, so it needs no exclusion, and other clients are served while a
-        large batch is hashed (the kernels hold the GIL, so a thread would not free the loop)."""
-        normalize = self.hasher.normalize
-        digests: list[str] = []
-        signatures: list[np.ndarray] = []
-        for part in _slices(docs, FINGERPRINT_SLICE_CHARS):
-            data, offsets = prepare([d.text for d in part], normalize)
-            digests += hashes_of_folded(*fold_prepared(data, offsets, normalize))
-            signatures.append(self.hasher.signatures_prepared(data, offsets)[0])
-            await asyncio.sleep(0)
-        matrix = np.concatenate(signatures)
-        return Fingerprints(digests, matrix, band_hashes(matrix, self.params.bands, self.params.rows))
+        return await fingerprints(self.hasher, self.params, docs)
 
     def apply(self, docs: Sequence[Doc], prints: Fingerprints, add: bool) -> tuple[list[dict[str, Any]], int]:
         """Look up (and with ``add`` insert) a fingerprinted batch; returns results and the log offset to sync.
@@ -492,53 +519,55 @@ class DedupService:
         """
         before = len(self.index)
         if add:
-            try:
-                self.index.rows.reserve(before + len(docs))
-            except OSError as exc:
-                raise LogError(f"{self.index.rows.path}: cannot grow for {len(docs)} documents ({exc})") from exc
+            self._reserve(len(docs))
         results: list[dict[str, Any]] = []
         records: list[LogRecord] = []
         for i, doc in enumerate(docs):
             digest = prints.digests[i]
             exact, near = self.index.lookup(digest, prints.bands[i], prints.signatures[i])
-            is_new = exact is None and not near
             doc_id = doc.doc_id if doc.doc_id is not None else digest
-            if add and is_new:
+            if add and exact is None and not near:
                 record = LogRecord(doc_id, digest, len(doc.text), prints.signatures[i])
                 self.index.insert(doc_id, digest, len(doc.text), prints.signatures[i], prints.bands[i])
                 records.append(record)
-            results.append(
-                {
-                    "id": doc_id,
-                    "new": is_new,
-                    "added": add and is_new,
-                    "exact_duplicate_of": None if exact is None else self.index.ids[exact],
-                    "near_duplicates": [
-                        {"id": self.index.ids[j], "similarity": round(sim, 4)} for j, sim in near
-                    ],
-                    "content_hash": digest,
-                }
-            )
+            results.append(verdict(doc_id, digest, add, None if exact is None else self.index.ids[exact],
+                                   [(self.index.ids[j], sim) for j, sim in near]))
+        durable_at = self._append_or_undo(before, records)
+        self.counters.count(results)
+        return results, durable_at
+
+    def commit(self, records: Sequence[LogRecord]) -> int:
+        """Insert documents a caller has already found new (a shard of ``serve --shards``); all or
+        nothing as :meth:`apply`. Returns the log offset to sync."""
+        before = len(self.index)
+        self._reserve(len(records))
+        bands = band_hashes(np.array([r.signature for r in records], np.uint64).reshape(len(records), -1),
+                            self.params.bands, self.params.rows)
+        for record, row in zip(records, bands, strict=True):
+            self.index.insert(record.doc_id, record.content_hash, record.length, record.signature, row)
+        return self._append_or_undo(before, records)
+
+    def _reserve(self, count: int) -> None:
+        try:
+            self.index.rows.reserve(len(self.index) + count)
+        except OSError as exc:
+            raise LogError(f"{self.index.rows.path}: cannot grow for {count} documents ({exc})") from exc
+
+    def _append_or_undo(self, before: int, records: Sequence[LogRecord]) -> int:
         try:
             durable_at = self.log.append(records)
         except Exception:
             self.index.truncate(before)
             raise
-        c = self.counters
-        for r in results:
-            c.new += r["new"]
-            c.exact_duplicates += r["exact_duplicate_of"] is not None
-            c.near_duplicates += r["exact_duplicate_of"] is None and bool(r["near_duplicates"])
-        c.checked += len(docs)
-        c.added += len(records)
+        self.counters.added += len(records)
         self.since_snapshot += len(records)
-        return results, durable_at
+        return durable_at
 
     async def handle(self, docs: Sequence[Doc], add: bool) -> list[dict[str, Any]]:
         """Fingerprint, :meth:`apply`, then wait until everything the answer relies on is durable."""
         results, durable_at = self.apply(docs, await self.fingerprints(docs), add)
         written_to = self.log
-        self._after_apply()
+        self.after_insert()
         await written_to.sync(durable_at)
         return results
 
@@ -763,7 +792,7 @@ def make_app(
         return web.json_response(service.stats())
 
     async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "documents": len(service.index)})
+        return web.json_response({"ok": True, "documents": service.stats()["documents"]})
 
     async def json_errors(request: web.Request, response: web.StreamResponse) -> None:
         """An error aiohttp answers before the middleware runs (an ``Expect`` it does not know) is JSON too."""
@@ -852,8 +881,7 @@ async def serve_forever(
     port = server.sockets[0].getsockname()[1]  # port 0 picks a free port; report the real one
     if ready is not None:
         ready(f"http://{host if ':' not in host else f'[{host}]'}:{port}")
-    if service.since_snapshot:  # what the start replayed or loaded goes into a snapshot, off the loop
-        service.start_compaction()
+    service.start()
     try:
         await asyncio.Event().wait()
     finally:
