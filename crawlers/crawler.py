@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import heapq
 import ipaddress
-import itertools
 import logging
 import os
-import random
 import signal
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin
 
 from . import sitemaps
 from .extract import (
@@ -43,13 +40,12 @@ from .partitions import Exchange, ExchangeError, Link, Partition, partition_of, 
 from .proxies import NoProxyAvailable, ProxyPool, ProxySpec
 from .robots import Robots, fetch_robots
 from .safety import AddressPolicy
+from .schedule import ROBOTS, Host, HostScheduler
 from .urls import BadURL, host_of, normalize_url, origin_of, parse_page, url_id
 
 log = logging.getLogger("gristmill.crawl")
 
-_ROBOTS = object()  # the dispatch token for "fetch this host's robots.txt first"
 STATE_FILE = "frontier.sqlite"
-HOST_WINDOW = 32  # queued URLs per host held in memory; the rest wait on disk in the frontier
 
 
 _NON_NEGATIVE = ("min_delay", "max_delay", "crawl_delay_cap", "max_retries", "max_depth", "max_redirects",
@@ -163,31 +159,6 @@ class CrawlSummary:
         return asdict(self)
 
 
-@dataclass(slots=True)
-class _Host:
-    id: int
-    origin: str
-    name: str
-    delay: float
-    queue: deque[Request] = field(default_factory=deque)
-    retries: list[tuple[float, int, Request]] = field(default_factory=list)
-    cursor: int = 0
-    exhausted: bool = False
-    inflight: int = 0
-    next_at: float = 0.0
-    crawl_delay: float = 0.0
-    robots: Robots | None = None
-    robots_pending: bool = False
-    robots_failures: int = 0
-    consecutive_failures: int = 0
-    failures: int = 0
-    requests: int = 0
-    parked: str | None = None
-    park_outcome: str | None = None
-    version: int = 0
-    due: float | None = None
-
-
 def _retry_after(value: str | None) -> float | None:
     """Seconds from a Retry-After header in either form (delta-seconds or HTTP-date)."""
     if not value:
@@ -222,10 +193,8 @@ class Crawler:
         os.makedirs(state_dir, exist_ok=True)
         self.state_path = os.path.join(state_dir, STATE_FILE)
         self.frontier = Frontier(self.state_path, self.config.synchronous)
-        self._hosts: dict[int, _Host] = {}
-        self._heap: list[tuple[float, int, int, int]] = []
-        self._seq = itertools.count()
         self._wake = asyncio.Event()
+        self.scheduler = HostScheduler(self.config, self.frontier, time.monotonic, self._wake.set)
         self._stopping = False
         self._inflight = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -374,57 +343,16 @@ class Crawler:
         request = self.frontier.add(url, origin, depth, kind, via, hops)
         if request is None:
             return "seen"
-        host = self._host(request.host)
+        host = self.scheduler.host(request.host)
         if host.parked:
             self.frontier.park_host(host.id, host.parked, host.park_outcome)
             return None
-        if host.exhausted and len(host.queue) < HOST_WINDOW and not host.parked:
-            host.queue.append(request)
-            host.cursor = request.rowid
-        else:
-            host.exhausted = False
-        self._schedule(host)
+        self.scheduler.admitted(request)
         return None
-
-    def _host(self, host_id: int) -> _Host:
-        host = self._hosts.get(host_id)
-        if host is None:
-            origin = self.frontier.origin(host_id)
-            host = _Host(host_id, origin, urlsplit(origin).hostname or "", self.config.min_delay)
-            host.parked = self.frontier.parked(host_id)
-            self._hosts[host_id] = host
-        return host
 
     def _load_hosts(self) -> None:
         for host_id in self.frontier.queued_hosts():
-            self._schedule(self._host(host_id))
-
-    def _refill(self, host: _Host) -> None:
-        if host.queue or host.exhausted:
-            return
-        batch = self.frontier.load(host.id, host.cursor, HOST_WINDOW)
-        host.queue.extend(batch)
-        if batch:
-            host.cursor = batch[-1].rowid
-        host.exhausted = len(batch) < HOST_WINDOW
-
-    # -- scheduling --------------------------------------------------------------------------
-    def _schedule(self, host: _Host, at: float | None = None) -> None:
-        """(Re)enter a host in the heap at the earliest time it may be asked for a request."""
-        if host.parked:
-            return
-        self._refill(host)
-        if not host.queue and not host.retries:
-            return  # hosts with nothing queued come back through _admit or when a request finishes
-        when = host.next_at if at is None else max(at, host.next_at)
-        if not host.queue and host.retries:
-            when = max(when, host.retries[0][0])
-        if host.due is not None and host.due <= when:
-            return  # an earlier entry is live; the host is re-examined when it fires
-        host.version += 1
-        host.due = when
-        heapq.heappush(self._heap, (when, next(self._seq), host.version, host.id))
-        self._wake.set()
+            self.scheduler.schedule(self.scheduler.host(host_id))
 
     def _limit_reached(self) -> bool:
         limit = self.config.max_pages
@@ -439,116 +367,39 @@ class Crawler:
                 return
             host, request = item
             self._inflight += 1
-            host.inflight += 1
-            host.requests += 1
             self._requests += 1
             task = asyncio.create_task(self._work(host, request))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _next(self) -> tuple[_Host, Any] | None:
+    async def _next(self) -> tuple[Host, Any] | None:
         while True:
             if self._stopping or self._limit_reached():
                 return None
-            now = time.monotonic()
-            while self._heap and self._heap[0][0] <= now:
-                _when, _seq, version, host_id = heapq.heappop(self._heap)
-                host = self._hosts[host_id]
-                if version != host.version:
-                    continue
-                host.version += 1
-                host.due = None
-                request = self._take(host, now)
-                if request is not None:
-                    return host, request
-            if not self._heap and not self._tasks:
+            item = self.scheduler.due()
+            if item is not None:
+                return item
+            due = self.scheduler.next_due
+            if due is None and not self._tasks:
                 if self.partition is not None and await self._idle():
                     continue
                 return None
-            timeout = self._heap[0][0] - now if self._heap else None
+            timeout = None if due is None else max(0.0, due - time.monotonic())
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
 
-    def _take(self, host: _Host, now: float) -> Any:
-        """The next request for a host that is due now, or None (the host is rescheduled as needed)."""
-        cfg = self.config
-        if host.parked or host.inflight >= cfg.per_host_concurrency or host.robots_pending:
-            return None  # rescheduled when a request finishes or robots.txt arrives
-        if host.next_at > now:
-            self._schedule(host)
-            return None
-        if cfg.obey_robots and (host.robots is None or host.robots.expires <= now):
-            host.robots_pending = True
-            host.next_at = now + host.delay
-            return _ROBOTS
-        if host.robots is not None and host.robots.unavailable is not None:
-            self._schedule(host, host.robots.expires)
-            return None
-        request = self._pop(host, now)
-        if request is None:
-            self._schedule(host)
-            return None
-        host.next_at = now + self._delay(host)
-        self._schedule(host)
-        return request
-
-    def _pop(self, host: _Host, now: float) -> Request | None:
-        """Next URL of a host, skipping (and recording) those robots.txt disallows."""
-        while True:
-            if host.retries and host.retries[0][0] <= now:
-                request = heapq.heappop(host.retries)[2]
-            else:
-                self._refill(host)
-                if not host.queue:
-                    return None
-                request = host.queue.popleft()
-            if host.robots is not None and not host.robots.allowed(request.url, self.config.robots_agent):
-                with self.frontier.transaction():
-                    self.frontier.finish(request, "robots: disallowed by robots.txt")
-                continue
-            return request
-
-    def _delay(self, host: _Host) -> float:
-        return max(host.delay, host.crawl_delay, self.config.min_delay)
-
-    # -- politeness feedback -----------------------------------------------------------------
-    def _on_response(self, host: _Host, latency: float, ok: bool) -> None:
-        """AutoThrottle-style: aim at latency / target concurrency; errors only ever lengthen."""
-        cfg = self.config
-        floor = max(cfg.min_delay, host.crawl_delay)
-        if ok:
-            host.consecutive_failures = 0
-            if cfg.adaptive:
-                target = latency / cfg.target_host_concurrency
-                host.delay = max(target, (host.delay + target) / 2)
-        else:
-            host.consecutive_failures += 1
-            host.failures += 1
-            host.delay = max(host.delay * 2, cfg.backoff_base / 4, latency)
-        host.delay = min(cfg.max_delay, max(floor, host.delay))
-
-    def _backoff(self, attempt: int) -> float:
-        """Exponential backoff with equal jitter: half fixed, half random."""
-        ceiling = min(self.config.backoff_cap, self.config.backoff_base * 2 ** (attempt - 1))
-        return ceiling / 2 + random.uniform(0, ceiling / 2)
-
-    def _park(self, host: _Host, reason: str, outcome: str | None = None) -> None:
-        host.parked = reason
-        host.park_outcome = outcome
-        host.queue.clear()
-        host.retries.clear()
-        count = self.frontier.park_host(host.id, reason, outcome)
+    def _park(self, host: Host, reason: str, outcome: str | None = None) -> None:
+        count = self.scheduler.park(host, reason, outcome)
         self._error(f"{host.origin}: parked ({reason}); {count} queued URLs set aside")
 
-    def _failed(self, host: _Host, request: Request, reason: str, retry_after: float | None = None) -> None:
+    def _failed(self, host: Host, request: Request, reason: str, retry_after: float | None = None) -> None:
         """A transient failure: slow the host, retry with backoff or give up, park a hopeless host."""
         cfg = self.config
-        now = time.monotonic()
         if retry_after is not None:
-            host.next_at = max(host.next_at, now + min(retry_after, cfg.max_retry_after))
+            self.scheduler.hold_off(host, retry_after)
         if host.consecutive_failures >= cfg.park_after:
             self._park(host, f"{host.consecutive_failures} consecutive failures, last: {reason}")
             return
@@ -559,12 +410,12 @@ class Crawler:
                 self._error(f"{request.url}: giving up after {request.attempts} attempts: {reason}")
                 return
             self.frontier.retry(request)
-        wait = min(retry_after, cfg.max_retry_after) if retry_after is not None else self._backoff(request.attempts)
-        request.not_before = now + wait
-        heapq.heappush(host.retries, (request.not_before, next(self._seq), request))
+        wait = (min(retry_after, cfg.max_retry_after) if retry_after is not None
+                else self.scheduler.backoff(request.attempts))
+        self.scheduler.retry_later(host, request, wait)
 
     # -- work --------------------------------------------------------------------------------
-    async def _work(self, host: _Host, request: Any) -> None:
+    async def _work(self, host: Host, request: Any) -> None:
         released = False
 
         def release() -> None:
@@ -572,15 +423,14 @@ class Crawler:
             if not released:
                 released = True
                 self._inflight -= 1
-                host.inflight -= 1
                 self._slots.release()
-                self._schedule(host)
+                self.scheduler.finished(host)
                 self._wake.set()
 
         # The gap counts from when the request really leaves, not from when it was dispatched.
-        host.next_at = max(host.next_at, time.monotonic() + self._delay(host))
+        self.scheduler.started(host)
         try:
-            if request is _ROBOTS:
+            if request is ROBOTS:
                 await self._robots(host)
             else:
                 await self._fetch(host, request, release)
@@ -592,13 +442,13 @@ class Crawler:
                 with self.frontier.transaction():
                     self.frontier.finish(request, f"error: internal {type(exc).__name__}")
         finally:
-            if request is _ROBOTS:
+            if request is ROBOTS:
                 host.robots_pending = False
             release()
             self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
             self._wake.set()
 
-    async def _robots(self, host: _Host) -> None:
+    async def _robots(self, host: Host) -> None:
         cfg = self.config
         try:
             proxy = self._proxy(host)
@@ -612,7 +462,7 @@ class Crawler:
         robots, latencies = await fetch_robots(self.fetcher, host.origin, cfg.robots_agent, cfg.robots_ttl,
                                                cfg.robots_error_ttl, proxy, observe)
         host.robots = robots
-        self._on_response(host, max(latencies, default=0.0), robots.unavailable is None)
+        self.scheduler.on_response(host, max(latencies, default=0.0), robots.unavailable is None)
         if robots.blocked is not None:
             self._park(host, "address not allowed", f"blocked: {robots.blocked}")
             return
@@ -623,9 +473,7 @@ class Crawler:
                 self._park(host, f"robots.txt unavailable: {robots.unavailable}")
             return
         host.robots_failures = 0
-        delay = robots.crawl_delay(cfg.robots_agent)
-        host.crawl_delay = min(delay, cfg.crawl_delay_cap) if delay else 0.0
-        host.delay = max(host.delay, host.crawl_delay)
+        self.scheduler.set_crawl_delay(host, robots.crawl_delay(cfg.robots_agent) or 0.0)
         if cfg.robots_sitemaps and robots.sitemaps:
             with self.frontier.transaction():
                 for link in robots.sitemaps:
@@ -639,15 +487,14 @@ class Crawler:
         cfg = self.config
         return cfg.proxy_health_interval if cfg.proxy_health_url else cfg.proxy_cooldown / 10
 
-    def _proxy(self, host: _Host) -> str | None:
+    def _proxy(self, host: Host) -> str | None:
         return self.proxies.choose(host.name) if self.proxies else None
 
-    async def _fetch(self, host: _Host, request: Request, release: Callable[[], None]) -> None:
+    async def _fetch(self, host: Host, request: Request, release: Callable[[], None]) -> None:
         try:
             proxy = self._proxy(host)
         except NoProxyAvailable:  # not the URL's fault: wait for a proxy without spending an attempt
-            request.not_before = time.monotonic() + self._proxy_wait()
-            heapq.heappush(host.retries, (request.not_before, next(self._seq), request))
+            self.scheduler.retry_later(host, request, self._proxy_wait())
             return
         accept = SITEMAP_TYPES if request.kind == KIND_SITEMAP else HTML_TYPES
         try:
@@ -659,7 +506,7 @@ class Crawler:
             if exc.retryable:
                 self.proxies.report(proxy, host.name, None)
                 self._status[exc.kind] += 1
-                self._on_response(host, 0.0, ok=False)
+                self.scheduler.on_response(host, 0.0, ok=False)
                 self._failed(host, request, str(exc))
             else:
                 self._status[exc.kind] += 1
@@ -670,11 +517,11 @@ class Crawler:
         self._bytes += len(response.body)
         banned = self.proxies.report(proxy, host.name, status, response.body) if proxy else False
         if status == 429 or status >= 500 or banned:
-            self._on_response(host, response.elapsed, ok=False)
+            self.scheduler.on_response(host, response.elapsed, ok=False)
             self._failed(host, request, f"http {status}" + (" (ban signal via proxy)" if banned else ""),
                          _retry_after(response.headers.get("Retry-After")))
             return
-        self._on_response(host, response.elapsed, ok=True)
+        self.scheduler.on_response(host, response.elapsed, ok=True)
         if 300 <= status < 400:
             self._redirect(request, response)
             return
@@ -854,7 +701,7 @@ class Crawler:
         assert self.partition is not None
         while not self._stopping and not self._limit_reached():
             self._exchange()
-            if self._heap or self._tasks:
+            if self.scheduler.next_due is not None or self._tasks:
                 return True
             self._report(idle=True)
             if os.path.exists(self.partition.done):
@@ -905,11 +752,11 @@ class Crawler:
                 self.on_progress(report)
 
     def _progress(self, elapsed: float, rate: float) -> dict[str, Any]:
-        slowest = sorted(self._hosts.values(), key=lambda h: (h.delay, h.failures), reverse=True)[:5]
+        slowest = sorted(self.scheduler.hosts.values(), key=lambda h: (h.delay, h.failures), reverse=True)[:5]
         return {"elapsed_s": elapsed, "pages_per_s": rate, "fetched": self._fetched, "bytes": self._bytes,
                 "requests": self._requests, "queued": self.frontier.queued_count(),
                 "status_counts": dict(self._status), "in_flight": self._inflight,
-                "slowest_hosts": {h.origin: {"delay_s": round(self._delay(h), 3), "failures": h.failures}
+                "slowest_hosts": {h.origin: {"delay_s": round(self.scheduler.delay(h), 3), "failures": h.failures}
                                   for h in slowest}}
 
     async def _health_loop(self) -> None:
@@ -949,8 +796,8 @@ class Crawler:
             pages_per_s=self._fetched / elapsed if elapsed > 0 else 0.0, status_counts=dict(self._status),
             outcomes=outcomes, outcome_examples=examples, queued=self.frontier.queued_count(),
             parked_hosts=self.frontier.parked_hosts(),
-            hosts={h.origin: {"requests": h.requests, "failures": h.failures, "delay_s": round(self._delay(h), 3),
-                              "parked": h.parked} for h in self._hosts.values()},
+            hosts={h.origin: {"requests": h.requests, "failures": h.failures, "delay_s": round(self.scheduler.delay(h), 3),
+                              "parked": h.parked} for h in self.scheduler.hosts.values()},
             proxies=self.proxies.health(), errors=list(self._errors), dedup_service=dict(self._dedup_counts))
 
 

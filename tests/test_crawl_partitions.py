@@ -105,9 +105,10 @@ def test_partitions_store_what_one_crawler_stores_once_each_and_politely(site: T
     assert shards_by_partition == {f"p{i}" for i in range(partitions)}
     for host, times in site.arrivals.items():
         assert site.peak[host] == 1, f"{host} had {site.peak[host]} requests open at once"
-        # the rate over any six requests in a row; one gap may shrink by the jitter of a busy loop
-        spans = [b - a for a, b in zip(times, times[5:])]
-        assert min(spans) >= 5 * MIN_DELAY - 0.05, f"{host}: six requests within {min(spans):.3f} s"
+        # the rate over any ten requests in a row (a second crawler on the host would halve the span);
+        # the slack covers a busy machine delaying the first request of a span more than the last
+        spans = [b - a for a, b in zip(times, times[9:])]
+        assert min(spans) >= 9 * MIN_DELAY - 0.1, f"{host}: ten requests within {min(spans):.3f} s"
 
 
 RUNNER = """
