@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 from pipeline.service.client import TOKEN_ENV
 
@@ -17,6 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state", default="gristmill-serve-state", metavar="DIR",
                         help="local folder for the snapshots, insert logs and memory-mapped signatures "
                              "(default: %(default)s)")
+    parser.add_argument("--shards", type=int, default=1, metavar="K",
+                        help="run K index shards as Ray actors behind this front (default %(default)s: one "
+                             "index in this process)")
+    parser.add_argument("--ray-address", metavar="ADDR",
+                        help="with --shards: the Ray cluster to join (default: start a local Ray)")
     parser.add_argument("--compact-every", type=int, default=1_000_000, metavar="N",
                         help="write a new snapshot in the background after N inserts (default %(default)s)")
     parser.add_argument("--host", default="127.0.0.1",
@@ -54,37 +61,75 @@ def _token(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _export(args: argparse.Namespace, params: Any) -> int:
+    """Write every document of the state (each shard's in turn, one open at a time) as a corpus index."""
+    from pipeline.format.signature_index import write_index
+    from pipeline.service.server import DedupService
+
+    folders = [args.state] if args.shards == 1 else [os.path.join(args.state, f"shard-{k}") for k in range(args.shards)]
+    opened = [DedupService(folders[0], params, index_url=args.index, part=(0, args.shards))]
+    count = 0
+
+    def tables() -> Iterator[Any]:
+        nonlocal count
+        for k, folder in enumerate(folders):
+            service = opened.pop() if opened else DedupService(folder, params, index_url=args.index,
+                                                               part=(k, args.shards))
+            try:
+                count += len(service.index)
+                yield from service.index.tables()
+            finally:
+                service.close()
+
+    first = opened[0]
+    try:
+        name = write_index(args.export, first.params, tables(), stats={"exported_from": os.path.abspath(args.state),
+                                                                       "shards": args.shards})
+    finally:
+        for service in opened:
+            service.close()
+    print(f"gristmill serve: wrote {count} documents to {args.export.rstrip('/')}/{name}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
     import signal
 
     from pipeline.format import CorpusError
-    from pipeline.format.signature_index import check_export_folder, params_for, write_index
+    from pipeline.format.signature_index import check_export_folder, params_for
     from pipeline.service.server import DedupService, LogError, StateError, check_bind, serve_forever
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        if args.max_batch < 1 or not args.max_body_mb > 0 or not args.read_timeout > 0 or args.compact_every < 1:
-            raise ValueError("--max-batch, --max-body-mb, --read-timeout and --compact-every must be positive")
+        if (args.max_batch < 1 or not args.max_body_mb > 0 or not args.read_timeout > 0 or args.compact_every < 1
+                or args.shards < 1):
+            raise ValueError("--max-batch, --max-body-mb, --read-timeout, --compact-every and --shards must be "
+                             "positive")
         token = _token(args)
         check_bind(args.host, token)
+        params = None if args.index else params_for(args.threshold, args.num_perm, args.ngram)
         if args.export:
             check_export_folder(args.export)  # before loading: refused in a second, not after minutes
-        params = None if args.index else params_for(args.threshold, args.num_perm, args.ngram)
-        service = DedupService(args.state, params, index_url=args.index, compact_every=args.compact_every)
+            return _export(args, params)
+        if args.shards == 1:
+            service: Any = DedupService(args.state, params, index_url=args.index, compact_every=args.compact_every)
+            print(f"gristmill serve: {len(service.index)} documents ({service.index.base_count} from the index, "
+                  f"{service.counters.replayed} replayed from the logs in {args.state})", flush=True)
+        else:
+            import ray
+
+            from pipeline.service.shards import ShardedService
+
+            ray.init(address=args.ray_address, include_dashboard=False, logging_level="ERROR",
+                     log_to_driver=False)
+            service = ShardedService(args.state, args.shards, params, index_url=args.index,
+                                     compact_every=args.compact_every)
+            print(f"gristmill serve: {service.stats()['documents']} documents in {args.shards} shards", flush=True)
     except (OSError, ValueError, CorpusError, LogError, StateError) as exc:
         print(f"gristmill serve: {exc}", file=sys.stderr)
         return 2
-    print(f"gristmill serve: {len(service.index)} documents ({service.index.base_count} from the index, "
-          f"{service.counters.replayed} replayed from the logs in {args.state})", flush=True)
-    if args.export:
-        try:
-            name = write_index(args.export, service.params, service.index.tables(), stats=service.stats())
-        finally:
-            service.close()
-        print(f"gristmill serve: wrote {len(service.index)} documents to {args.export.rstrip('/')}/{name}")
-        return 0
 
     def ready(url: str) -> None:
         print(f"gristmill serve: listening on {url}", flush=True)

@@ -79,6 +79,10 @@ DEFAULT_READ_TIMEOUT = 30.0
 FINGERPRINT_SLICE_CHARS = 512 * 1024  # about 15 ms of hashing: the longest one batch holds the event loop
 
 
+class Unavailable(Exception):
+    """The index cannot answer now (a shard is restarting); the message is given to the client with 503."""
+
+
 class BadRequest(Exception):
     """The request cannot be served as sent; the message is the reason given to the client."""
 
@@ -767,6 +771,9 @@ def make_app(
         except web.HTTPException as exc:  # 404 and 405 from the router: answer in JSON too
             service.counters.bad_requests += exc.status < 500
             return _error(exc.status, exc.reason)
+        except Unavailable as exc:
+            log.warning("%s %s: %s", request.method, request.path, exc)
+            return _error(503, str(exc))
         except LogError as exc:
             log.error("%s %s: %s", request.method, request.path, exc)
             return _error(503, "the insert log cannot be written, so nothing of this request was inserted")
