@@ -75,7 +75,8 @@ class EpochOrder:
         order = (np.random.default_rng([seed, epoch, 0xB10C]).permutation(count) if shuffle
                  else np.arange(count))
         starts = np.zeros(count + 1, dtype=np.int64)
-        np.cumsum(block_rows[order], out=starts[1:])
+        np.take(block_rows, order, out=starts[1:])  # in place: no third array of a million blocks
+        np.cumsum(starts[1:], out=starts[1:])
         return cls(order=order, starts=starts)
 
     @property
@@ -117,11 +118,10 @@ def split_rows(total: int, world_size: int, workers: int, batch_size: int, drop_
             per_rank = math.ceil(total / world_size) if total else 0
         batches = math.ceil(per_rank / batch_size)
         worker_batches = tuple(len(range(w, batches, workers)) for w in range(workers))
-        sizes = []
-        for w in range(workers):
-            indices = range(w, batches, workers)
-            sizes.append(sum(min(batch_size, per_rank - i * batch_size) for i in indices))
-        return Split(per_rank, tuple(sizes), worker_batches), per_rank * world_size
+        short = batches * batch_size - per_rank  # the rank's last batch lacks these rows
+        sizes = tuple(count * batch_size - (short if batches and (batches - 1) % workers == w else 0)
+                      for w, count in enumerate(worker_batches))
+        return Split(per_rank, sizes, worker_batches), per_rank * world_size
     per_rank = math.ceil(total / world_size) if total else 0
     base, extra = divmod(per_rank, workers)
     sizes = tuple(base + (1 if w < extra else 0) for w in range(workers))

@@ -14,6 +14,7 @@ import fnmatch
 import json
 import os
 import posixpath
+import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -88,11 +89,14 @@ def member_path(root: str, relative: Any, where: str, what: str) -> str:
     return posixpath.join(root, relative)
 
 
+_FORBIDDEN_CHARACTERS = re.compile(r"[\x00-\x1f\x7f\\:]")
+
+
 def _unsafe_member(relative: Any) -> str | None:
     """Why ``relative`` may not be used as a path inside a corpus folder, or None when it may."""
     if not isinstance(relative, str) or not relative:
         return "is not a non-empty string"
-    if any(ord(ch) < 32 or ch in "\\:" or ord(ch) == 127 for ch in relative):
+    if _FORBIDDEN_CHARACTERS.search(relative):
         return "holds a control character, a backslash or a colon (a scheme or drive)"
     if relative.startswith("/"):
         return "is absolute"
