@@ -48,7 +48,7 @@ class EdgeSender:
 
     def __init__(self, job: Job, name: str, fine: int) -> None:
         self.job, self.name, self.fine = job, name, fine
-        self.budget = max(1, job.config.spill_bytes // 16)  # edges: two int64 keys
+        self.budget = max(1, job.config.send_bytes // 16)  # edges: two int64 keys
         self.left: list[np.ndarray] = []
         self.right: list[np.ndarray] = []
         self.held = self.batches = self.seeded = 0
@@ -90,12 +90,12 @@ def bucket_partition(job: Job, part: int, verify_partitions: int, cc_fine: int) 
     partition (``verify_partitions``), or seeded into connected components (``cc_fine`` hash ranges)."""
 
     def compute() -> dict[str, Any]:
-        budget = job.config.spill_bytes
-        sort = ExternalSort(["hash", "key"], budget)
+        sort = ExternalSort(["hash", "key"], job.config.spill_bytes)
         links = _links(sort.sorted(job.work.partition_tables(BUCKETS_IN, part)))
         edges, seeded = 0, 0
         if job.params.verify:
-            with job.work.partitioned_writer(VERIFY_IN, edges_from(part), verify_partitions, budget) as out:
+            with job.work.partitioned_writer(VERIFY_IN, edges_from(part), verify_partitions,
+                                             job.config.send_bytes) as out:
                 for left, right in links:
                     out.write(pa.table({"left": left, "right": right}, schema=CANDIDATE_SCHEMA),
                               partition_of(left, verify_partitions))

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.format.signature_index import IndexParams, ParamsError, params_for
+from pipeline.job.partitions import PARTITION_BYTES
+
+SEND_BUFFER_BYTES = 64 * 1024 * 1024
 
 
 class DedupError(Exception):
@@ -33,6 +36,7 @@ class DedupConfig:
     max_doc_bytes: int = 10 * 1024 * 1024
     split_bytes: int = 64 * 1024 * 1024
     num_partitions: int | None = None  # partitions of every shuffle; default: by the rows each carries
+    partition_bytes: int = PARTITION_BYTES  # rows (in memory) a reducer is sized to hold: sets the counts
     spill_bytes: int = 1024 * 1024 * 1024  # a reducer sorting more rows than this spills sorted runs to disk
     cc_rows_per_task: int = 4_000_000  # rows a connected-components task reads, ~170 bytes each at its peak
     removed: str | None = None
@@ -47,6 +51,12 @@ class DedupConfig:
         # one earlier corpus may be given as a string (the job file's `against = "..."`); each counts once
         against = [self.against] if isinstance(self.against, str) else list(self.against or [])
         self.against = list(dict.fromkeys(against))
+
+    @property
+    def send_bytes(self) -> int:
+        """What a task buffers of the rows it sends before writing them out as a run: more only saves
+        ranged reads, so it stays at SEND_BUFFER_BYTES however large ``spill_bytes`` is."""
+        return min(self.spill_bytes, SEND_BUFFER_BYTES)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> DedupConfig:
