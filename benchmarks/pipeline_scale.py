@@ -370,11 +370,13 @@ def _work_files(work: Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def run_gristmill(inputs: Path, work: Path) -> dict[str, Any]:
+def run_gristmill(inputs: Path, work: Path, partition_bytes: int | None) -> dict[str, Any]:
     out = work / "corpus"
     gristmill = _gristmill()
     command = [gristmill, "dedup", str(inputs), "-o", str(out), "--keep-work", "--num-perm", str(NUM_PERM),
                "--bands", str(BANDS), "--rows", str(ROWS), "--ngram", str(NGRAM)]
+    if partition_bytes is not None:
+        command += ["--partition-bytes", str(partition_bytes)]
     measured = measure(command, work / "gristmill.log")
     shown = subprocess.run([gristmill, "stats", str(out), "--json"], capture_output=True, text=True)
     if shown.returncode != 0:
@@ -400,20 +402,21 @@ def _peaks(measured: dict[str, Any], is_worker: Callable[[str], bool]) -> dict[s
             "driver_rss": root["rss"], "largest_workers": workers[:3]}
 
 
-def run_one(tool: str, size: float, data: Path, run: int, root: Path) -> dict[str, Any]:
+def run_one(tool: str, size: float, data: Path, run: int, root: Path, partition_bytes: int | None) -> dict[str, Any]:
     work = root / "runs" / f"{tool}-{size:g}GB-run{run}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     load = os.getloadavg()[0]
     if tool == "gristmill":
-        result = run_gristmill(data / "input", work)
+        result = run_gristmill(data / "input", work, partition_bytes)
     else:  # datatrove's pool processes are the executor's children; the largest of them is its worker peak
         result = _peaks(run_datatrove(data / "input", work), lambda name: True)
         result["removed"] = len(result["removed"])
         for folder in work.iterdir():  # its signatures, buckets and output; the logs stay
             if folder.is_dir() and folder.name != "logs":
                 shutil.rmtree(folder)
-    return {**result, "tool": tool, "size": size, "run": run, "load": load, "breakdown": result["breakdown"][:8]}
+    return {**result, "tool": tool, "size": size, "run": run, "load": load, "breakdown": result["breakdown"][:8],
+            "partition_bytes": partition_bytes}
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float:
@@ -454,6 +457,10 @@ def report(results: list[dict[str, Any]], generated: dict[float, dict[str, Any]]
         if ("gristmill", size) in per_gb:
             lines += ["", f"datatrove / gristmill CPU s at {size:g} GB: "
                           f"{per_gb[('datatrove', size)] / per_gb[('gristmill', size)]:.1f}x"]
+    lines += ["", "largest workers (task at their peak, PSS MiB; last run):"]
+    for (tool, size), runs in sorted(groups.items()):
+        lines.append(f"- {tool} {size:g} GB: " + ", ".join(
+            f"{w['name'].strip()[:40]} {w['pss'] / 2**20:.0f}" for w in runs[-1]["largest_workers"]))
     lines += ["", "work files by folder under OUTPUT/_work (last run):"]
     for (tool, size), runs in sorted(groups.items()):
         if tool == "gristmill":
@@ -477,6 +484,9 @@ def main() -> None:
     parser.add_argument("--datatrove", type=float, nargs="?", const=1.0, metavar="GB",
                         help="also run datatrove on this size (default 1 GB when given bare), in the first "
                              "run only: it takes ~2,000 CPU s per GB")
+    parser.add_argument("--partition-bytes", type=int,
+                        help="gristmill's --partition-bytes (default its own, 128 MiB): a smaller reducer budget "
+                             "reaches the size where every shuffle has several partitions sooner")
     args = parser.parse_args()
     sizes = [float(size) for size in args.sizes.split(",")]
     if args.datatrove is not None and (args.datatrove not in sizes or args.zst):
@@ -499,7 +509,7 @@ def main() -> None:
         for size in sizes:
             tools = ["gristmill"] + (["datatrove"] if args.datatrove == size and run == 0 else [])
             for tool in tools:
-                result = run_one(tool, size, generated[size]["folder"], run, args.data)
+                result = run_one(tool, size, generated[size]["folder"], run, args.data, args.partition_bytes)
                 results.append(result)
                 print(f"run {run + 1} {tool} {size:g} GB: {result['wall']:.1f} s, {result['cpu']:.0f} CPU s, "
                       f"tree PSS {result['peak_pss'] / 2**30:.2f} GiB, largest worker PSS "

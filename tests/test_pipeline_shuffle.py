@@ -17,7 +17,7 @@ import pytest
 from test_pipeline_data import documents, write_jsonl
 
 from pipeline.format import Corpus
-from pipeline.job import DedupConfig, run_dedup
+from pipeline.job import DedupConfig, DedupError, run_dedup
 from pipeline.job.datasets import EXACT_IN, EXACT_SCHEMA, Shuffled
 from pipeline.job.spill import ExternalSort
 from pipeline.job.workdir import WorkDir
@@ -141,10 +141,14 @@ def test_a_text_copied_more_often_than_there_are_splits_reaches_its_reducer_as_o
     assert hot["count_count"][0].as_py() <= SPLITS  # ... in at most one row per split
 
 
-def test_partition_counts_and_a_tiny_spill_budget_give_the_same_corpus(
+def test_partition_counts_budgets_and_a_tiny_spill_budget_give_the_same_corpus(
         ray_local: None, inputs: Path, reference: tuple[Path, list], tmp_path: Path) -> None:
     by_rows, _ = _run(inputs, tmp_path / "by-rows")  # partitions follow the rows: one each at this size
     assert by_rows == reference[1]
+    assert _files_per_shuffle(tmp_path / "by-rows" / "_work")["exact_out"] == 1
+    small, _ = _run(inputs, tmp_path / "small", partition_bytes=4_096)  # a smaller reducer budget: more of them
+    assert small == reference[1]
+    assert _files_per_shuffle(tmp_path / "small" / "_work")["exact_out"] > 1
     spilled, _ = _run(inputs, tmp_path / "spilled", num_partitions=3, spill_bytes=2_048)
     assert spilled == reference[1]
     buckets = json.loads((tmp_path / "spilled" / "_work" / "stage-buckets.json").read_text())["result"]
@@ -156,3 +160,10 @@ def test_partition_counts_and_a_tiny_spill_budget_give_the_same_corpus(
     linked_spilled, _ = _run(inputs, tmp_path / "linked-spilled", verify=False, num_partitions=3, spill_bytes=256)
     assert linked_spilled == linked
     assert _files_per_shuffle(tmp_path / "linked-spilled" / "_work")["cc/r001/work"] > 3  # batches of edges
+
+
+@pytest.mark.parametrize("option", ["partition_bytes", "spill_bytes", "split_bytes", "cc_rows_per_task"])
+def test_a_budget_that_is_not_positive_is_refused_before_any_work(option: str, inputs: Path, tmp_path: Path) -> None:
+    with pytest.raises(DedupError, match="must be positive"):
+        run_dedup(DedupConfig([str(inputs)], str(tmp_path / "out"), **{option: 0}))
+    assert not (tmp_path / "out").exists()

@@ -15,8 +15,8 @@ HELP = "Deduplicate Parquet/JSONL/WARC documents (exact + MinHash) into a sharde
 
 # Command-line options that map one to one onto DedupConfig fields.
 _OPTIONS = ("threshold", "num_perm", "ngram", "bands", "rows", "seed", "text_column", "id_column",
-            "max_doc_bytes", "split_bytes", "num_partitions", "spill_bytes", "cc_rows_per_task", "removed", "against",
-            "shard_bytes", "row_group_bytes")
+            "max_doc_bytes", "split_bytes", "num_partitions", "partition_bytes", "spill_bytes", "cc_rows_per_task",
+            "removed", "against", "shard_bytes", "row_group_bytes")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-doc-bytes", type=int, help="reject documents larger than this (default 10 MiB)")
     parser.add_argument("--split-bytes", type=int, help="input bytes per parallel split (default 64 MiB)")
     parser.add_argument("--num-partitions", type=int,
-                        help="partitions of every shuffle (default: about 128 MiB of rows each, no cap)")
+                        help="partitions of every shuffle (default: about --partition-bytes of rows each, no cap)")
+    parser.add_argument("--partition-bytes", type=int,
+                        help="rows (in memory) each shuffle partition is sized to hold; sets the partition counts "
+                             "and so a reducer's memory (default 128 MiB)")
     parser.add_argument("--spill-bytes", type=int,
                         help="rows a reducer sorts in memory before it spills sorted runs to disk (default 1 GiB)")
     parser.add_argument("--cc-rows-per-task", type=int,

@@ -82,8 +82,9 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     import ray
 
     if min(1 if config.num_partitions is None else config.num_partitions, config.split_bytes,
-           config.cc_rows_per_task) < 1:
-        raise DedupError("num_partitions, split_bytes and cc_rows_per_task must be positive")
+           config.partition_bytes, config.spill_bytes, config.cc_rows_per_task) < 1:
+        raise DedupError("num_partitions, split_bytes, partition_bytes, spill_bytes and cc_rows_per_task must be "
+                         "positive")
     started = time.time()
     params = index_params(config)
     files = resolve_inputs(config.inputs, config.storage_options)
@@ -140,7 +141,8 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
 
     read = stage("read", lambda: map_splits(read_index_split, job, whole_indices(job))
                  + run_read(job, splits))
-    parts = partitions_for(sum(r["docs"] for r in read), params, config.num_partitions)  # follow the rows
+    parts = partitions_for(sum(r["docs"] for r in read), params, config.num_partitions,  # follow the rows
+                           config.partition_bytes)
     exact = stage("exact", lambda: run_exact(job, parts.exact, run_tasks))
     signing = stage("sign", lambda: map_splits(lambda j, i: sign_split(j, i, parts), job, shuffled_indices(job)))
     against = stage("against", lambda: _against(job, parts, run_tasks)) if config.against else None

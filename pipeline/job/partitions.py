@@ -1,5 +1,5 @@
-"""How many partitions each shuffle gets: enough that a reducer holds about PARTITION_BYTES of the rows
-it carries, with no fixed cap, so 5 billion documents get thousands of partitions and a small job one.
+"""How many partitions each shuffle gets: enough that a reducer holds about ``partition_bytes`` (default
+PARTITION_BYTES) of the rows it carries, with no fixed cap, so 5 billion documents get thousands of partitions and a small job one.
 
 The counts follow the documents the read stage found (an upper bound for every later shuffle: exact
 survivors, signed documents and clustered ones are at most that many), so they are known before the
@@ -30,15 +30,16 @@ class Partitions:
     clusters: int
 
 
-def _count(rows: int, row_bytes: int) -> int:
-    return max(1, -(-rows * row_bytes // PARTITION_BYTES))
-
-
-def partitions_for(documents: int, params: IndexParams, override: int | None) -> Partitions:
+def partitions_for(documents: int, params: IndexParams, override: int | None,
+                   partition_bytes: int = PARTITION_BYTES) -> Partitions:
     """The partition counts for a run that read ``documents`` documents (index rows included)."""
     if override is not None:
         return Partitions(override, override, override, override)
+
+    def count(rows: int, row_bytes: int) -> int:
+        return max(1, -(-rows * row_bytes // partition_bytes))
+
     signed_row = SIGNED_ROW_BYTES + 8 * params.num_perm
-    return Partitions(exact=_count(documents, EXACT_ROW_BYTES),
-                      buckets=_count(documents * params.bands, BAND_ROW_BYTES),
-                      verify=_count(documents, signed_row), clusters=_count(documents, signed_row))
+    return Partitions(exact=count(documents, EXACT_ROW_BYTES),
+                      buckets=count(documents * params.bands, BAND_ROW_BYTES),
+                      verify=count(documents, signed_row), clusters=count(documents, signed_row))
