@@ -35,7 +35,7 @@ from .fetch import HTML_TYPES, SITEMAP_TYPES, BlockedError, Fetcher, FetchError,
 from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, ResultLog, now_ms
 from .oracle import DuplicateOracle, OracleError
 from .output import SHARD_PREFIX, Committer, check_output_folder, warc_payload
-from .partitioned import Coordinator, check_partitions, state_root
+from .partitioned import Coordinator, PartitionLauncher, check_partitions, state_root
 from .partitions import Exchange, ExchangeError, Link, Partition, partition_of, write_json
 from .proxies import NoProxyAvailable, ProxyPool, ProxySpec
 from .robots import Robots, fetch_robots
@@ -211,6 +211,7 @@ class Crawler:
         self._dedup_counts = Counter[str]()
         self._epoch = 0  # bumped whenever this partition gets work: the coordinator's proof of quiet
         self._reported_idle: bool | None = None
+        self._reported_at = 0.0
 
     # -- public ------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -687,13 +688,15 @@ class Crawler:
         return True
 
     def _report(self, idle: bool) -> None:
-        """Tell the coordinator whether this partition is idle; every busy report is a new epoch."""
+        """Tell the coordinator whether this partition is idle; every busy report is a new epoch, and an
+        idle one is renewed every half second (a heartbeat: a dead partition's status goes stale)."""
         assert self.partition is not None
-        if idle and self._reported_idle:
+        now = time.time()
+        if idle and self._reported_idle and now - self._reported_at < 0.5:
             return
         self._epoch += not idle
-        self._reported_idle = idle
-        write_json(self.partition.status, {"idle": idle, "epoch": f"{os.getpid()}:{self._epoch}"})
+        self._reported_idle, self._reported_at = idle, now
+        write_json(self.partition.status, {"idle": idle, "epoch": f"{os.getpid()}:{self._epoch}", "at": now})
 
     async def _idle(self) -> bool:
         """Nothing queued: pass links on, and wait for links from the other partitions until
@@ -803,7 +806,7 @@ class Crawler:
 
 def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
           on_progress: Callable[[dict[str, Any]], None] | None = None, oracle: DuplicateOracle | None = None,
-          **options: Any) -> CrawlSummary:
+          launcher: PartitionLauncher | None = None, **options: Any) -> CrawlSummary:
     """Crawl ``seeds`` (page or sitemap URLs) into the corpus folder ``output``; re-running resumes.
 
     Options are :class:`CrawlConfig` fields, e.g. ``crawl(seeds, "out", allow_networks=["127.0.0.0/8"])``.
@@ -812,12 +815,15 @@ def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
     second signal cancels the pages in flight). After SIGTERM the summary is returned; after SIGINT
     (Ctrl-C) :class:`KeyboardInterrupt` is raised once everything is committed, as Python code
     expects of Ctrl-C, and the crawl resumes when run again.
+    With ``partitions=K`` (K > 1) the crawl runs as K partitions (:mod:`crawlers.partitioned`), local
+    processes unless a ``launcher`` runs them elsewhere (``gristmill crawl --ray-address``: Ray
+    actors); ``on_progress`` is then not called (each partition logs its own progress).
     """
     cfg = config or CrawlConfig(**options)
     check_output_folder(output, cfg.storage_options)  # before any state is made
     check_partitions(state_root(output, cfg.state_dir), cfg.partitions)
     if cfg.partitions > 1:
-        merged, received = Coordinator(seeds, output, cfg, oracle).run()
+        merged, received = Coordinator(seeds, output, cfg, oracle, launcher).run()
         summary = CrawlSummary(**merged)
     else:
         summary, received = run_until_signalled(Crawler(seeds, output, cfg, on_progress, oracle))

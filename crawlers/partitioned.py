@@ -17,9 +17,11 @@ import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 from .oracle import DuplicateOracle
 from .output import publish_segments
@@ -27,19 +29,88 @@ from .partitions import LAYOUT_FILE, Partition, read_json, waiting_files, write_
 
 log = logging.getLogger("gristmill.crawl")
 POLL_S = 0.1
+HEARTBEAT_S = 3.0  # an idle partition rewrites its status every 0.5 s; older than this, it is not idle
 MAX_RESTARTS = 3
 
 
-def _partition_main(seeds: list[str], output: str, config: Any, partition: Partition,
-                    oracle: DuplicateOracle | None, level: int, results: Connection) -> None:
-    """One partition's process: crawl its hosts until told to stop, then send back its summary."""
+def run_partition(seeds: list[str], output: str, config: Any, partition: Partition,
+                  oracle: DuplicateOracle | None, level: int) -> dict[str, Any]:
+    """One partition: crawl its hosts (resuming its frontier) until told to stop; its summary."""
     from .crawler import Crawler, run_until_signalled
 
     logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s p{partition.index} %(message)s")
     summary, received = run_until_signalled(Crawler(seeds, output, config, None, oracle, partition))
     if received:
         summary.stopped_by = received[0].name
-    results.send(summary.to_dict())
+    return summary.to_dict()
+
+
+class PartitionLauncher(Protocol):
+    """Where partitions run: :class:`ProcessLauncher` here; the top floor plugs in Ray actors.
+
+    ``start`` runs ``run`` (a picklable call returning the partition's summary) as partition
+    ``index``; ``poll`` returns, since its last call, the summaries of partitions that finished and
+    why others died; ``signal`` passes SIGINT/SIGTERM on; ``close`` ends whatever still runs.
+    """
+
+    def start(self, index: int, run: Callable[[], dict[str, Any]]) -> None: ...
+
+    def poll(self) -> tuple[dict[int, dict[str, Any]], dict[int, str]]: ...
+
+    def running(self) -> set[int]: ...
+
+    def signal(self, number: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _process_main(run: Callable[[], dict[str, Any]], results: Connection) -> None:
+    results.send(run())
+
+
+class ProcessLauncher:
+    """Partitions as local processes (spawned: the parent may hold threads that fork would copy)."""
+
+    def __init__(self) -> None:
+        self.context = multiprocessing.get_context("spawn")
+        self.processes: dict[int, tuple[Any, Connection]] = {}
+
+    def start(self, index: int, run: Callable[[], dict[str, Any]]) -> None:
+        receive, send = self.context.Pipe(duplex=False)
+        process = self.context.Process(target=_process_main, args=(run, send), name=f"gristmill-crawl-p{index}")
+        process.start()
+        send.close()
+        self.processes[index] = (process, receive)
+
+    def running(self) -> set[int]:
+        return set(self.processes)
+
+    def poll(self) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+        finished, died = {}, {}
+        for index, (process, results) in list(self.processes.items()):
+            try:
+                if results.poll():
+                    finished[index] = results.recv()
+            except EOFError:  # the process ended without sending a summary
+                pass
+            if process.is_alive() and index not in finished:
+                continue
+            process.join()
+            del self.processes[index]
+            if index not in finished:
+                died[index] = f"exit code {process.exitcode}"
+        return finished, died
+
+    def signal(self, number: int) -> None:
+        for process, _ in self.processes.values():
+            if process.is_alive():
+                os.kill(process.pid, number)
+
+    def close(self) -> None:
+        for process, _ in self.processes.values():
+            process.terminate()
+            process.join()
+        self.processes.clear()
 
 
 def state_root(output: str, state_dir: str | None) -> str:
@@ -76,15 +147,15 @@ def partition_config(config: Any, partition: Partition) -> Any:
 class Coordinator:
     """Runs the partition processes of one crawl and publishes its manifest."""
 
-    def __init__(self, seeds: list[str], output: str, config: Any, oracle: DuplicateOracle | None) -> None:
+    def __init__(self, seeds: list[str], output: str, config: Any, oracle: DuplicateOracle | None,
+                 launcher: PartitionLauncher | None = None) -> None:
         self.seeds, self.output, self.config, self.oracle = seeds, output, config, oracle
+        self.launcher = launcher or ProcessLauncher()
         self.root = state_root(output, config.state_dir)
         check_partitions(self.root, config.partitions)
         os.makedirs(self.root, exist_ok=True)
         write_json(os.path.join(self.root, LAYOUT_FILE), {"partitions": config.partitions})
         self.parts = [Partition(i, config.partitions, self.root) for i in range(config.partitions)]
-        self.context = multiprocessing.get_context("spawn")
-        self.processes: dict[int, tuple[Any, Connection]] = {}
         self.summaries: dict[int, dict[str, Any]] = {}
         self.restarts = Counter[int]()
         self.errors: list[str] = []
@@ -96,20 +167,13 @@ class Coordinator:
         for stale in (part.status,):
             if os.path.exists(stale):
                 os.remove(stale)  # a status left by a dead process must not count as idle
-        receive, send = self.context.Pipe(duplex=False)
-        process = self.context.Process(
-            target=_partition_main, name=f"gristmill-crawl-p{part.index}", daemon=False,
-            args=(self.seeds, self.output, partition_config(self.config, part), part, self.oracle,
-                  logging.getLogger().getEffectiveLevel(), send))
-        process.start()
-        send.close()
-        self.processes[part.index] = (process, receive)
+        self.launcher.start(part.index, partial(run_partition, self.seeds, self.output,
+                                                partition_config(self.config, part), part, self.oracle,
+                                                logging.getLogger().getEffectiveLevel()))
 
     def _on_signal(self, number: int, _frame: Any) -> None:
         self.received.append(signal.Signals(number))
-        for process, _ in self.processes.values():
-            if process.is_alive():
-                os.kill(process.pid, number)
+        self.launcher.signal(number)
 
     def run(self) -> tuple[dict[str, Any], list[signal.Signals]]:
         """Crawl until every partition is done (or a signal stops them); returns the merged summary."""
@@ -121,7 +185,7 @@ class Coordinator:
             for part in self.parts:
                 self._start(part)
             quiet_before = None
-            while self.processes:
+            while self.launcher.running():
                 time.sleep(POLL_S)
                 self._collect()
                 self._publish()
@@ -132,27 +196,16 @@ class Coordinator:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            for process, _ in self.processes.values():
-                process.terminate()
-                process.join()
+            self.launcher.close()
         self._publish(force=True)
         return self._summary(time.monotonic() - started), self.received
 
     def _collect(self) -> None:
-        """Take finished partitions' summaries; restart a partition whose process died without one."""
-        for index, (process, results) in list(self.processes.items()):
-            try:
-                if results.poll():
-                    self.summaries[index] = results.recv()
-            except EOFError:  # the process ended without sending a summary
-                pass
-            if process.is_alive():
-                continue
-            process.join()
-            del self.processes[index]
-            if index in self.summaries:
-                continue
-            why = f"partition {index} died (exit code {process.exitcode})"
+        """Take finished partitions' summaries; restart a partition that died without one."""
+        finished, died = self.launcher.poll()
+        self.summaries.update(finished)
+        for index, why in died.items():
+            why = f"partition {index} died ({why})"
             if self.received or self.restarts[index] >= MAX_RESTARTS:
                 self.errors.append(f"{why}; run the crawl again to resume it")
                 log.error("%s; run the crawl again to resume it", why)
@@ -163,15 +216,17 @@ class Coordinator:
 
     def _quiet(self) -> tuple[str, ...] | None:
         """The live partitions' epochs when all are idle and no links wait for them, else None."""
-        if not self.processes:
+        running = self.launcher.running()
+        if not running:
             return None
         epochs = []
-        for index in sorted(self.processes):
+        for index in sorted(running):
             status = read_json(self.parts[index].status)
-            if not isinstance(status, dict) or status.get("idle") is not True:
-                return None
+            if not isinstance(status, dict) or status.get("idle") is not True \
+                    or not time.time() - HEARTBEAT_S < status.get("at", 0) <= time.time() + HEARTBEAT_S:
+                return None  # busy, or silent (dead, restarting): not quiet
             epochs.append(str(status.get("epoch")))
-        if waiting_files(self.root, self.processes):
+        if waiting_files(self.root, running):
             return None
         return tuple(epochs)
 

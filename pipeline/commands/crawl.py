@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pipeline.service.client import TOKEN_ENV
@@ -76,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=int, default=1, metavar="K",
                         help="crawler processes, each owning the hosts whose registered domain hashes to it; "
                              "a re-run must use the same K (default 1)")
+    parser.add_argument("--ray-address", metavar="ADDRESS", default=os.environ.get("RAY_ADDRESS"),
+                        help="run the partitions as Ray actors on this cluster (default: $RAY_ADDRESS; "
+                             "without it, local processes); state and output on storage every node sees")
     parser.add_argument("--dedup-service", metavar="URL",
                         help=f"gristmill serve URL: skip storing documents it already has (token from {TOKEN_ENV})")
 
@@ -124,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"gristmill crawl: {exc}", file=sys.stderr)
         return 2
     oracle = ServiceOracle(args.dedup_service, os.environ.get(TOKEN_ENV) or None) if args.dedup_service else None
-    summary = crawl(seeds, args.output, config, oracle=oracle)
+    launcher = RayLauncher(args.ray_address) if args.ray_address and config.partitions > 1 else None
+    summary = crawl(seeds, args.output, config, oracle=oracle, launcher=launcher)
     report = summary.to_dict()
     report.pop("hosts")
     report["errors"] = report["errors"][:20]
@@ -136,6 +141,63 @@ def run(args: argparse.Namespace) -> int:
         print(f"gristmill crawl: nothing left to fetch; {args.output} holds {summary.documents} documents",
               file=sys.stderr)
     return 0
+
+
+class RayLauncher:
+    """The crawl's partitions as Ray actors spread over the cluster (crawlers.partitioned.PartitionLauncher).
+
+    Why Ray's own restarts: when a node dies, Ray starts the actor again elsewhere and retries its
+    crawl call, which resumes the partition from its frontier; the coordinator only sees a partition
+    die once those retries are spent. A signal ends the actors at once (like a crash: everything
+    finished is in their frontiers, a re-run resumes).
+    """
+
+    def __init__(self, address: str | None = None, restarts: int = 3) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=True)
+        self._actor = ray.remote(max_restarts=restarts, max_task_retries=restarts)(_PartitionActor)
+        self._calls: dict[int, tuple[Any, Any]] = {}
+
+    def start(self, index: int, run: Callable[[], dict[str, Any]]) -> None:
+        actor = self._actor.options(scheduling_strategy="SPREAD", name=None).remote()
+        self._calls[index] = (actor, actor.run.remote(run))
+
+    def running(self) -> set[int]:
+        return set(self._calls)
+
+    def poll(self) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+        import ray
+
+        finished, died = {}, {}
+        refs = {call: index for index, (_actor, call) in self._calls.items()}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        for ref in ready:
+            index = refs[ref]
+            del self._calls[index]
+            try:
+                finished[index] = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                died[index] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        return finished, died
+
+    def signal(self, number: int) -> None:
+        self.close()
+
+    def close(self) -> None:
+        import ray
+
+        for actor, _call in self._calls.values():
+            ray.kill(actor, no_restart=True)
+        self._calls.clear()
+
+
+class _PartitionActor:
+    """One crawl partition on a Ray worker (the call it runs is crawlers.partitioned.run_partition)."""
+
+    def run(self, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        return run()
 
 
 def nothing_stored(summary: CrawlSummary) -> str:
