@@ -28,6 +28,7 @@ import asyncio
 import glob
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -63,15 +64,26 @@ def percentiles(latencies: list[float]) -> tuple[float, float]:
 
 
 # -- the service over HTTP ---------------------------------------------------------------------
-def start_service(state: str, index: str | None) -> tuple[subprocess.Popen, str]:
-    extra = ["--index", index] if index else []
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--port", "0", "--state", state, *extra],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def launch(state: str, index: str | None, *extra: str, checkout: Path = REPO) -> subprocess.Popen:
+    """``gristmill serve`` from ``checkout`` (this one, or ``--landed``'s) on a free port."""
+    args = [*extra, "--index", index] if index else list(extra)
+    env = {**os.environ, "PYTHONPATH": str(checkout), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--port", "0", "--state", state, *args],
+                            cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def listening(proc: subprocess.Popen) -> str:
+    """The URL the server prints once it listens."""
     assert proc.stdout is not None
     for line in proc.stdout:
         if "listening on " in line:
-            return proc, line.split("listening on ", 1)[1].strip()
+            return line.split("listening on ", 1)[1].strip()
     raise SystemExit("gristmill serve did not start")
+
+
+def start_service(state: str, index: str | None, *extra: str) -> tuple[subprocess.Popen, str]:
+    proc = launch(state, index, *extra)
+    return proc, listening(proc)
 
 
 async def http_pass(url: str, docs: list[tuple[str, str]], batch: int, clients: int, add: bool) -> dict:
@@ -101,10 +113,10 @@ async def http_pass(url: str, docs: list[tuple[str, str]], batch: int, clients: 
     return {"docs_per_s": len(docs) / elapsed, "latencies": latencies, "duplicates": duplicates}
 
 
-def run_http(docs: list[tuple[str, str]], batch: int, clients: int, base: str | None) -> dict:
+def run_http(docs: list[tuple[str, str]], batch: int, clients: int, base: str | None, shards: int = 1) -> dict:
     with tempfile.TemporaryDirectory() as state:
         started = time.perf_counter()
-        proc, url = start_service(state, base)
+        proc, url = start_service(state, base, "--shards", str(shards))
         start_s = time.perf_counter() - started
         try:
             asyncio.run(http_pass(url, docs[:64], batch, clients, add=False))  # warm-up: connections, caches
@@ -118,13 +130,12 @@ def run_http(docs: list[tuple[str, str]], batch: int, clients: int, base: str | 
 
 # -- the same service in-process ---------------------------------------------------------------
 def run_in_process(docs: list[tuple[str, str]], batch: int, base: str | None) -> dict:
-    from pipeline.format.signature_index import load_index, params_for
+    from pipeline.format.signature_index import params_for
     from pipeline.service.server import DedupService, Doc
 
     with tempfile.TemporaryDirectory() as state:
         started = time.perf_counter()
-        params, table = load_index(base) if base else (params_for(0.8, 128, 5), None)
-        service = DedupService(params, os.path.join(state, "inserts.log"), table)
+        service = DedupService(state, None if base else params_for(0.8, 128, 5), index_url=base)
         out: dict = {"start_s": time.perf_counter() - started}
 
         async def one_pass(add: bool) -> dict:
@@ -141,7 +152,7 @@ def run_in_process(docs: list[tuple[str, str]], batch: int, base: str | None) ->
 
         out["check+add"] = asyncio.run(one_pass(True))
         out["check"] = asyncio.run(one_pass(False))
-        service.log.close()
+        service.close()
     return out
 
 
@@ -208,6 +219,147 @@ def build_base(count: int, folder: str) -> str:
     return path
 
 
+# -- resident memory and load time at scale ------------------------------------------------------
+def build_synthetic(count: int, path: str, chunk: int = 250_000) -> None:
+    """A corpus index of ``count`` documents with random signatures (no text: only sizes are measured),
+    written in files of ``chunk`` documents as the batch job writes them."""
+    from dedup.lsh import band_hashes
+    from pipeline.format.signature_index import SignatureTable, params_for, write_index
+
+    def hash_hex(words: np.ndarray) -> list[str]:
+        raw = words.astype(">u8").tobytes().hex()
+        return [raw[i : i + 32] for i in range(0, len(raw), 32)]
+
+    params = params_for(0.8, 128, 5)
+    rng = np.random.default_rng(0)
+
+    def tables():
+        for start in range(0, count, chunk):
+            n = min(chunk, count - start)
+            signatures = rng.integers(0, 2**63, size=(n, params.num_perm), dtype=np.uint64)
+            yield SignatureTable(ids=[f"doc-{i:010d}" for i in range(start, start + n)],
+                                 content_hashes=hash_hex(rng.integers(0, 2**63, size=(n, 2), dtype=np.uint64)),
+                                 lengths=rng.integers(100, 10_000, size=n), signatures=signatures,
+                                 bands=band_hashes(signatures, params.bands, params.rows))
+
+    write_index(path, params, tables() if chunk < count else next(tables()))  # one table: what older versions take
+
+
+def anonymous_bytes(pid: int) -> int:
+    """Resident anonymous memory (heap, arrays; not memory-mapped files) of a process."""
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no RssAnon for {pid}")
+
+
+def start_sampled(state: str, index: str | None, checkout: Path) -> tuple[subprocess.Popen, str, float, int]:
+    """Start a server, sampling its anonymous memory until it listens: (process, URL, seconds, peak bytes)."""
+    import threading
+
+    started = time.perf_counter()
+    proc = launch(state, index, checkout=checkout)
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            try:
+                peak[0] = max(peak[0], anonymous_bytes(proc.pid))
+            except (OSError, RuntimeError):
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        url = listening(proc)
+    finally:
+        seconds = time.perf_counter() - started
+        done.set()
+        thread.join()
+    return proc, url, seconds, max(peak[0], anonymous_bytes(proc.pid))
+
+
+def add_synthetic(url: str, count: int) -> None:
+    """``count`` new documents (60 random words each) through ``/add`` in batches of 256."""
+    import urllib.request
+
+    rng = np.random.default_rng(1)
+    for start in range(0, count, 256):
+        words = rng.integers(0, 1 << 40, size=(min(256, count - start), 60))
+        body = json.dumps({"documents": [{"id": f"add-{start + i}", "text": " ".join(f"w{w}" for w in row)}
+                                         for i, row in enumerate(words)]}).encode()
+        request = urllib.request.Request(f"{url}/add", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=300) as response:
+            response.read()
+
+
+def wait_for_snapshot(state: str, proc: subprocess.Popen, timeout: float = 3600) -> None:
+    deadline = time.time() + timeout
+    while not any(n.startswith("snapshot.") and not n.endswith(".tmp") for n in os.listdir(state)):
+        if time.time() > deadline or proc.poll() is not None:
+            raise SystemExit(f"no snapshot in {state}")
+        time.sleep(0.5)
+
+
+def measure_size(count: int, index: str, scratch: str, checkout: Path, adds: int) -> dict:
+    """Load time, resident and peak anonymous bytes per document of ``gristmill serve --index``, the
+    resident bytes per document added through ``/add``, and (with snapshots) the restart from one."""
+    out: dict = {}
+    with tempfile.TemporaryDirectory(dir=scratch) as state:
+        proc, _, _, _ = start_sampled(state + "/empty", None, checkout)
+        empty = anonymous_bytes(proc.pid)
+        proc.terminate()
+        proc.wait(timeout=60)
+        proc, url, out["load_s"], peak = start_sampled(state + "/s", index, checkout)
+        try:
+            out["resident_b_per_doc"] = (anonymous_bytes(proc.pid) - empty) / count
+            out["peak_b_per_doc"] = (peak - empty) / count
+            snapshotting = os.path.exists(os.path.join(state, "s", "rows.u64"))
+            if snapshotting:
+                wait_for_snapshot(state + "/s", proc)
+            before = anonymous_bytes(proc.pid)
+            add_synthetic(url, adds)
+            out["add_b_per_doc"] = (anonymous_bytes(proc.pid) - before) / adds
+        finally:
+            proc.terminate()
+            proc.wait(timeout=600)
+        if snapshotting:  # the restart loads the snapshot (and replays the adds' log)
+            proc, _, out["restart_s"], peak = start_sampled(state + "/s", index, checkout)
+            out["restart_resident_b_per_doc"] = (anonymous_bytes(proc.pid) - empty) / (count + adds)
+            proc.terminate()
+            proc.wait(timeout=600)
+    return out
+
+
+def sizes_table(sizes: list[int], runs: int, adds: int, landed: Path | None) -> None:
+    """Print the memory table: this checkout (and ``landed``, at the smallest size) at every size."""
+    print("| version | documents | load s | resident B/doc | peak B/doc (loading) | B/doc added by /add "
+          "| restart from snapshot s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory(dir=os.environ.get("SERVICE_SCRATCH")) as scratch:
+        for count in sizes:
+            index = os.path.join(scratch, f"index-{count}")
+            started = time.perf_counter()
+            # written by the oldest version measured, so that every version reads it
+            code = (f"import sys, service_load; sys.path.insert(0, {str(landed or REPO)!r}); "
+                    f"service_load.build_synthetic({count}, {index!r}, {count if landed else 250_000})")
+            subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO / "benchmarks")
+            print(f"built {count:,} documents in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+            versions = [("this checkout", REPO)]
+            if landed is not None and count == min(sizes):
+                versions.insert(0, (f"landed ({landed.name})", landed))
+            for name, checkout in versions:
+                rows = [measure_size(count, index, scratch, checkout, adds) for _ in range(runs)]
+                med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+                restart = f"{med['restart_s']:.1f}" if "restart_s" in med else "- (replays the whole log)"
+                print(f"| {name} | {count:,} | {med['load_s']:.1f} | {med['resident_b_per_doc']:,.0f} | "
+                      f"{med['peak_b_per_doc']:,.0f} | {med['add_b_per_doc']:,.0f} | {restart} |", flush=True)
+            shutil.rmtree(index)
+
+
 def summarise(runs: list[dict]) -> dict:
     """Medians over runs of start time, throughput and each run's p50 / p99."""
     out: dict = {"start_s": statistics.median(r["start_s"] for r in runs)}
@@ -228,7 +380,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs per configuration (default %(default)s)")
     parser.add_argument("--clients", type=int, default=4, help="HTTP requests in flight (default %(default)s)")
     parser.add_argument("--base", type=int, default=0, help="synthetic documents loaded first (default 0)")
+    parser.add_argument("--sizes", help="instead: memory and load time at these index sizes (comma-separated)")
+    parser.add_argument("--adds", type=int, default=50_000, help="with --sizes: documents added through /add")
+    parser.add_argument("--landed", type=Path, metavar="CHECKOUT",
+                        help="with --sizes: also measure this checkout of an earlier gristmill (smallest size only)")
     args = parser.parse_args()
+    if args.sizes:
+        sizes_table([int(n) for n in args.sizes.split(",")], args.runs, args.adds, args.landed)
+        return
     docs = load_documents(args.docs)
     print(f"{len(docs)} documents, {sum(len(t) for _, t in docs) / 1e6:.1f} M characters; base {args.base}; "
           f"{args.runs} runs each; {os.cpu_count()} CPUs (shared)", file=sys.stderr)
@@ -237,6 +396,8 @@ def main() -> None:
         configs: list[tuple[str, str, Callable[[], dict]]] = [
             ("gristmill serve, HTTP", "1", lambda: run_http(docs, 1, args.clients, base)),
             ("gristmill serve, HTTP", "64", lambda: run_http(docs, 64, args.clients, base)),
+            ("gristmill serve --shards 2, HTTP", "1", lambda: run_http(docs, 1, args.clients, base, shards=2)),
+            ("gristmill serve --shards 2, HTTP", "64", lambda: run_http(docs, 64, args.clients, base, shards=2)),
             ("gristmill DedupService, in-process", "1", lambda: run_in_process(docs, 1, base)),
             ("gristmill DedupService, in-process", "64", lambda: run_in_process(docs, 64, base)),
             ("datasketch MinHashLSH, in-process", "1 (loop)", lambda: run_datasketch(docs, base)),

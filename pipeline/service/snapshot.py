@@ -34,7 +34,7 @@ import pyarrow as pa
 import xxhash
 
 from pipeline.format.signature_index import IndexParams, params_to_dict
-from pipeline.service.columns import BUCKETS, IdColumn, KeyTable, RowStore, Run
+from pipeline.service.columns import BUCKET_SHIFT, BUCKETS, IdColumn, KeyTable, RowStore, Run
 from pipeline.service.index import LiveIndex
 
 SNAPSHOT_FORMAT = 1
@@ -307,7 +307,7 @@ def _read_table(folder: str, meta: dict[str, Any], name: str) -> KeyTable:
     for i, size in enumerate(sizes):
         run = Run(keys[at : at + size], docs[at : at + size])
         at += size
-        if size and (np.any(run.keys[1:] < run.keys[:-1]) or (i < BUCKETS and np.any(run.keys >> np.uint64(56) != i))):
+        if size and (np.any(run.keys[1:] < run.keys[:-1]) or (i < BUCKETS and np.any(run.keys >> BUCKET_SHIFT != i))):
             raise StateError(f"{folder}/{name}.keys: piece {i} is not sorted into its place")
         runs.append(run)
     return KeyTable(runs[:BUCKETS], runs[BUCKETS:])
