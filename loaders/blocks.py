@@ -159,6 +159,9 @@ class BlockSource:
         self.cache = cache
         self.verify_checksums = verify_checksums
         self.counters = counters or Counters()
+        # This process's own filesystem object: fsspec makes a fresh one after a fork, and one made before
+        # it (s3fs's event loop and connections, say, in a DataLoader worker) refuses to work in the child.
+        self.fs = type(corpus.fs)(*corpus.fs.storage_args, **corpus.fs.storage_options)
         self.gate = ReadGate(self.counters, maximum=max_reads)
         self.coalesce_bytes = coalesce_bytes
         self._expansion = DEFAULT_EXPANSION
@@ -194,7 +197,7 @@ class BlockSource:
         for attempt in range(self.retries + 1):
             try:
                 with self.gate.slot():
-                    data = self.corpus.fs.cat_file(self.corpus.shard_path(info), start=start, end=end)
+                    data = self.fs.cat_file(self.corpus.shard_path(info), start=start, end=end)
                 break
             except FileNotFoundError:
                 raise LoaderError(f"{self._where(shard)}: shard listed in the manifest is missing") from None

@@ -168,6 +168,21 @@ def test_rows_and_order_through_the_shaped_store_equal_local_disk_with_shuffle_a
     assert single.counters.reads == single.counters.blocks_fetched + shards
 
 
+def test_dataloader_workers_read_the_store_with_their_own_connections(shaped: ShapedStore,
+                                                                     few_blocks: str) -> None:
+    """The first batch is read before the workers fork; s3fs refuses to run in a child forked after it
+    started, so each worker must open its own filesystem object."""
+    from loaders.torch_dataset import StreamingDataLoader, StreamingDataset
+
+    url = upload(shaped, few_blocks)
+    shaped.shape(latency=0.02)
+    args = {"batch_size": 16, "columns": ["id"], "seed": 4, "world_size": 1, "rank": 0}
+    local = [b["id"] for b in StreamingDataLoader(StreamingDataset(few_blocks, **args), num_workers=2)]
+    remote = [b["id"] for b in StreamingDataLoader(StreamingDataset(url, storage_options=options(shaped), **args),
+                                                   num_workers=2)]
+    assert remote == local and sum(map(len, remote)) == 700
+
+
 def test_reads_in_flight_grow_past_four_when_latency_is_high(shaped: ShapedStore, many_blocks: str) -> None:
     url = upload(shaped, many_blocks)
     shaped.shape(latency=0.1)
