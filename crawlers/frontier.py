@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ KIND_PAGE, KIND_SITEMAP = 0, 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS hosts (
-    id INTEGER PRIMARY KEY, origin TEXT UNIQUE NOT NULL, parked TEXT);
+    id INTEGER PRIMARY KEY, origin TEXT UNIQUE NOT NULL, parked TEXT, admitted INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS urls (
     id INTEGER PRIMARY KEY, url TEXT UNIQUE NOT NULL, host INTEGER NOT NULL, depth INTEGER NOT NULL,
     kind INTEGER NOT NULL, state INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0,
@@ -45,6 +46,7 @@ CREATE TABLE IF NOT EXISTS outbox (
 QUEUED_KIND = "queued"
 
 RECENT_URLS = 50_000
+HOST_CACHE = 65_536  # hosts whose id and admitted count stay in memory (the recently used ones)
 RESULT_COLUMNS = ("id", "text", "url", "final_url", "status", "fetch_time", "domain", "language",
                   "content_hash", "depth", "encoding")
 
@@ -105,38 +107,51 @@ class Frontier(_Store):
         self.db.execute(f"PRAGMA cache_size=-{int(cache_mib) * 1024}")
         self.db.execute("PRAGMA temp_store=MEMORY")
         self.db.executescript(_SCHEMA)
-        self._hosts: dict[str, int] = {}
-        self._admitted: dict[int, int] = {}
-        self._origins: dict[int, str] = {}
-        self._parked: dict[int, str] = {}
-        for host_id, origin, parked in self.db.execute("SELECT id, origin, parked FROM hosts"):
-            self._hosts[origin] = host_id
-            self._origins[host_id] = origin
-            self._admitted[host_id] = 0
-            if parked is not None:
-                self._parked[host_id] = parked
-        for host_id, admitted in self.db.execute("SELECT host, COUNT(*) FROM urls GROUP BY host"):
-            self._admitted[host_id] = admitted
+        self._hosts: OrderedDict[str, list[int]] = OrderedDict()  # origin -> [id, admitted], an LRU
+        self._count_existing_admissions()
         self._recent: set[str] = set()  # URLs known to be in the table: repeated links skip SQLite
         self._sent: set[str] = set()  # URLs recently handed to another partition: repeats skip SQLite
         self._count_existing_outcomes()
 
     # -- hosts ---------------------------------------------------------------------------------
+    def _host(self, origin: str) -> list[int] | None:
+        """[id, admitted] of a known host; only the recently used stay in memory, the rest are in SQLite."""
+        row = self._hosts.get(origin)
+        if row is not None:
+            self._hosts.move_to_end(origin)
+            return row
+        found = self.db.execute("SELECT id, admitted FROM hosts WHERE origin = ?", (origin,)).fetchone()
+        if found is None:
+            return None
+        return self._remember(origin, list(found))
+
+    def _remember(self, origin: str, row: list[int]) -> list[int]:
+        self._hosts[origin] = row
+        if len(self._hosts) > HOST_CACHE:
+            self._hosts.popitem(last=False)
+        return row
+
     def host_id(self, origin: str) -> int:
-        host_id = self._hosts.get(origin)
-        if host_id is None:
+        row = self._host(origin)
+        if row is None:
             host_id = self.db.execute("INSERT INTO hosts(origin) VALUES (?) RETURNING id", (origin,)).fetchone()[0]
-            self._hosts[origin] = host_id
-            self._origins[host_id] = origin
-            self._admitted[host_id] = 0
-        return host_id
+            row = self._remember(origin, [host_id, 0])
+        return row[0]
 
     def origin(self, host_id: int) -> str:
-        return self._origins[host_id]
+        return self.db.execute("SELECT origin FROM hosts WHERE id = ?", (host_id,)).fetchone()[0]
 
     def admitted(self, origin: str) -> int:
-        host_id = self._hosts.get(origin)
-        return 0 if host_id is None else self._admitted[host_id]
+        row = self._host(origin)
+        return 0 if row is None else row[1]
+
+    def _count_existing_admissions(self) -> None:
+        """Give a frontier written before hosts counted their URLs the count, once (one GROUP BY)."""
+        if any(column[1] == "admitted" for column in self.db.execute("PRAGMA table_info(hosts)")):
+            return
+        with self.transaction():
+            self.db.execute("ALTER TABLE hosts ADD COLUMN admitted INTEGER NOT NULL DEFAULT 0")
+            self.db.execute("UPDATE hosts SET admitted = (SELECT COUNT(*) FROM urls WHERE urls.host = hosts.id)")
 
     def queued_hosts(self) -> list[int]:
         """Hosts with queued URLs that are not parked (used at start-up)."""
@@ -146,11 +161,10 @@ class Frontier(_Store):
         return [row[0] for row in rows]
 
     def parked(self, host_id: int) -> str | None:
-        return self._parked.get(host_id)
+        return self.db.execute("SELECT parked FROM hosts WHERE id = ?", (host_id,)).fetchone()[0]
 
     def park_host(self, host_id: int, reason: str, outcome: str | None = None) -> int:
         """Park a host: its queued URLs are set aside with ``outcome`` (a re-run with unpark retries them)."""
-        self._parked[host_id] = reason
         outcome = outcome or f"host parked: {reason}"
         with self.transaction():
             self.db.execute("UPDATE hosts SET parked = ? WHERE id = ?", (reason, host_id))
@@ -161,7 +175,6 @@ class Frontier(_Store):
             return count
 
     def unpark_all(self) -> int:
-        self._parked.clear()
         with self.transaction():
             self.db.execute("UPDATE hosts SET parked = NULL")
             for outcome, count in self.db.execute(
@@ -182,17 +195,18 @@ class Frontier(_Store):
         if self.recently_seen(url):
             return None
         host_id = self.host_id(origin)
-        row = self.db.execute(
+        inserted = self.db.execute(
             "INSERT INTO urls(url, host, depth, kind, via, hops) VALUES (?, ?, ?, ?, ?, ?) "
             "ON CONFLICT(url) DO NOTHING RETURNING id", (url, host_id, depth, kind, via, hops)).fetchone()
         if len(self._recent) >= RECENT_URLS:
             self._recent.clear()
         self._recent.add(url)
-        if row is None:
+        if inserted is None:
             return None
-        self._admitted[host_id] += 1
+        self._hosts[origin][1] += 1  # host_id() just put it at the recent end of the cache
+        self.db.execute("UPDATE hosts SET admitted = admitted + 1 WHERE id = ?", (host_id,))
         self._count(QUEUED_KIND, 1)
-        return Request(row[0], url, host_id, depth, kind, 0, via, hops)
+        return Request(inserted[0], url, host_id, depth, kind, 0, via, hops)
 
     def recently_seen(self, url: str) -> bool:
         """A cheap, partial seen check (a bounded in-memory set); False means "ask the table"."""

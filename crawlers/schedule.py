@@ -24,6 +24,7 @@ from .robots import Robots
 
 ROBOTS = object()  # the dispatch token for "fetch this host's robots.txt first"
 HOST_WINDOW = 32  # queued URLs per host held in memory; the rest wait on disk in the frontier
+KEEP_WINDOW_S = 5.0  # a host that may not be asked for longer than this gives its window back to disk
 
 
 @dataclass(slots=True)
@@ -90,6 +91,13 @@ class HostScheduler:
             host.exhausted = False
         self.schedule(host)
 
+    def _release(self, host: Host) -> None:
+        """Drop a waiting host's window (it reloads from the frontier when due): memory goes to the hosts
+        being crawled now. Retries stay: their rows sit below the window's first, which the cursor keeps."""
+        host.cursor = host.queue[0].rowid - 1
+        host.queue.clear()
+        host.exhausted = False
+
     def _refill(self, host: Host) -> None:
         if host.queue or host.exhausted:
             return
@@ -104,12 +112,13 @@ class HostScheduler:
         """(Re)enter a host in the heap at the earliest time it may be asked for a request."""
         if host.parked:
             return
-        self._refill(host)
-        if not host.queue and not host.retries:
+        if not host.queue and not host.retries and host.exhausted:
             return  # hosts with nothing queued come back through admitted() or when a request finishes
         when = host.next_at if at is None else max(at, host.next_at)
-        if not host.queue and host.retries:
+        if not host.queue and host.exhausted:
             when = max(when, host.retries[0][0])
+        if host.queue and when - self.clock() > KEEP_WINDOW_S:
+            self._release(host)
         if host.due is not None and host.due <= when:
             return  # an earlier entry is live; the host is re-examined when it fires
         host.version += 1

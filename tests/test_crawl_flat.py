@@ -62,10 +62,13 @@ def test_outcome_counters_always_equal_a_group_by_over_every_url(tmp_path_factor
     counted = {kind: count for kind, (count, _example) in frontier.outcome_counts().items()}
     assert counted == _group_by(frontier)
     assert frontier.queued_count() == frontier.db.execute("SELECT COUNT(*) FROM urls WHERE state = 0").fetchone()[0]
+    per_host = dict(frontier.db.execute("SELECT h.origin, COUNT(u.id) FROM hosts h LEFT JOIN urls u ON u.host = h.id "
+                                        "GROUP BY h.id"))
+    assert {origin: frontier.admitted(origin) for origin in per_host} == per_host
     frontier.close()
 
 
-def test_a_frontier_from_before_the_counter_table_is_counted_once_on_open(tmp_path: Path) -> None:
+def test_a_frontier_from_before_the_counters_is_counted_once_on_open(tmp_path: Path) -> None:
     path = str(tmp_path / "frontier.sqlite")
     frontier = Frontier(path)
     with frontier.transaction():
@@ -75,9 +78,11 @@ def test_a_frontier_from_before_the_counter_table_is_counted_once_on_open(tmp_pa
             if i % 3 == 0:
                 frontier.finish(request, "http 404")
         frontier.db.execute("DELETE FROM outcomes")  # as an older version left it
+    frontier.db.execute("ALTER TABLE hosts DROP COLUMN admitted")
     frontier.close()
     reopened = Frontier(path)
     assert {k: c for k, (c, _e) in reopened.outcome_counts().items()} == {"queued": 6, "http": 4}
+    assert reopened.admitted("http://a.test") == 10
     assert reopened.outcome_counts()["http"][1] == "http 404"
     reopened.close()
 
