@@ -161,6 +161,7 @@ class Coordinator:
         self.errors: list[str] = []
         self.received: list[signal.Signals] = []
         self._segments_seen: dict[int, float] = {}
+        self._published_at = 0.0
 
     def _start(self, part: Partition) -> None:
         os.makedirs(part.folder, exist_ok=True)
@@ -239,11 +240,15 @@ class Coordinator:
         return segments
 
     def _publish(self, force: bool = False) -> None:
-        """Publish the manifest when any partition committed since the last time."""
+        """Publish the manifest when a partition committed since the last time, at most once per
+        ``commit_interval`` (the manifest lists every shard, so publishing costs O(shards))."""
+        if not force and time.monotonic() - self._published_at < self.config.commit_interval:
+            return
         stamps = {p.index: os.path.getmtime(p.segment) for p in self.parts if os.path.exists(p.segment)}
         if stamps != self._segments_seen or force:
             publish_segments(self.output, self._segments(), self.config.storage_options)
             self._segments_seen = stamps
+            self._published_at = time.monotonic()
 
     def _summary(self, elapsed: float) -> dict[str, Any]:
         """The partitions' summaries added up (a partition that never reported counts as empty)."""
