@@ -11,9 +11,12 @@ over the process after its imports.
 
     .venv-bench/bin/python benchmarks/loader_planning.py --data bench-data/planning --repeats 5
 
-Beside them, with ``--competitors``: mosaicml-streaming and litdata loading an index of as many
-shards/chunks (their unit of download, as a row group is ours) and planning their epoch, from index
-files written in their own formats (see ``competitor_index``).
+Beside them, with ``--competitors``: litdata and mosaicml-streaming loading an ``index.json`` of as
+many chunks/shards (their unit of download, as a row group is ours; the same rows in each) and
+planning their epoch, from indexes written in their own formats (``write_index``, the entries their
+writers produce; no data files are read by any tool). litdata plans rank 3 of 64 as gristmill does;
+mosaicml-streaming's local leader computes the sample ids of every rank (one int64 per sample), so it
+is measured with one rank, and only up to 10 M samples (100 k shards would need gigabytes).
 """
 
 from __future__ import annotations
@@ -97,6 +100,59 @@ def measure(url: str) -> dict[str, float]:
     return timed(lambda: len(StreamingLoader(url, rank=RANK, world_size=WORLD, batch_size=32, shuffle=True)))
 
 
+def write_index(tool: str, folder: str, blocks: int) -> None:
+    """An ``index.json`` in litdata's or mosaicml-streaming's format for ``blocks`` chunks/shards of
+    the same row counts and sizes as the gristmill corpus of that size."""
+    rng = np.random.default_rng(blocks)
+    rows = rng.integers(500, 1500, blocks).tolist()
+    length = rng.integers(3 << 20, 5 << 20, blocks).tolist()
+    if tool == "litdata":
+        spec = json.dumps([1, {"type": "builtins.dict", "context": json.dumps(["text"]),
+                               "children_spec": [{"type": None, "context": None, "children_spec": []}]}])
+        index = {"chunks": [{"chunk_bytes": n, "chunk_size": r, "dim": None, "filename": f"chunk-0-{i}.bin"}
+                            for i, (r, n) in enumerate(zip(rows, length))],
+                 "config": {"chunk_bytes": None, "chunk_size": 1000, "compression": None,
+                            "compression_batch_size": None, "compression_level": None, "data_format": ["str"],
+                            "data_spec": spec, "encryption": None, "ipc_compression": None,
+                            "item_loader": "PyTreeLoader", "types": {"text": "str"}},
+                 "updated_at": "0"}
+    else:
+        index = {"shards": [{"column_encodings": ["str"], "column_names": ["text"], "column_sizes": [None],
+                             "compression": None, "format": "mds", "hashes": [],
+                             "raw_data": {"basename": f"shard.{i:07d}.mds", "bytes": n, "hashes": {}},
+                             "samples": r, "size_limit": 1 << 26, "version": 2, "zip_data": None}
+                            for i, (r, n) in enumerate(zip(rows, length))], "version": 2}
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "index.json"), "w") as handle:
+        json.dump(index, handle)
+
+
+def measure_competitor(tool: str, folder: str) -> dict[str, float]:
+    """Load the index and plan the epoch as the tool does before its first sample, in this process."""
+    if tool == "litdata":
+        from litdata import StreamingDataset
+        from litdata.utilities.env import _DistributedEnv
+
+        def plan() -> None:
+            dataset = StreamingDataset(folder, shuffle=True, seed=0)
+            dataset.distributed_env = _DistributedEnv(world_size=WORLD, global_rank=RANK, num_nodes=WORLD // 8)
+            dataset.batch_size = 32
+            cache = dataset._create_cache(worker_env=dataset.worker_env)
+            dataset.shuffler = dataset._create_shuffler(cache)
+            dataset.shuffler.get_chunks_and_intervals_per_workers(dataset.distributed_env, 1, 32, 1)
+        return timed(plan)
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    from streaming import StreamingDataset as MosaicDataset
+
+    def plan_mosaic() -> None:
+        dataset = MosaicDataset(local=folder, batch_size=32, shuffle=True, shuffle_seed=0, num_canonical_nodes=1,
+                                shuffle_block_size=1 << 18)  # its defaults, set as its __iter__ would
+        dataset._unique_worker_world = dataset._unique_rank_world.detect_workers()  # as its __iter__ starts
+        dataset._parallel_worker_world = dataset._parallel_rank_world.detect_workers()
+        dataset._get_work(0, 0)
+    return timed(plan_mosaic)
+
+
 def run_fresh(args: list[str]) -> dict[str, float]:
     out = subprocess.run([sys.executable, os.path.abspath(__file__), *args], capture_output=True, text=True,
                          check=True)
@@ -116,26 +172,24 @@ def main() -> None:
         if options.tool == "gristmill":
             print(json.dumps(measure(options.measure)))
         else:
-            from benchmarks.competitor_index import measure_competitor
-
             print(json.dumps(measure_competitor(options.tool, options.measure)))
         return
-    tools = ["gristmill v2", "gristmill v1"] + (["streaming", "litdata"] if options.competitors else [])
+    tools = ["gristmill v2", "gristmill v1"] + (["litdata", "streaming"] if options.competitors else [])
     results: dict[tuple[str, int], list[dict[str, float]]] = {}
     for blocks in options.blocks:
         folders = {}
         for tool in tools:
             folder = os.path.join(options.data, f"{tool.replace(' ', '-')}-{blocks}")
             folders[tool] = folder
-            if not os.path.exists(folder):
+            if not os.path.exists(folder) and not (tool == "streaming" and blocks > 10_000):
                 if tool.startswith("gristmill"):
                     write_corpus(folder, blocks, int(tool[-1]))
                 else:
-                    from benchmarks.competitor_index import write_index
-
-                    write_index(tool, folder, blocks, GROUPS_PER_SHARD)
+                    write_index(tool, folder, blocks)
         for _ in range(options.repeats):  # tools alternate, so background load hits them alike
             for tool in tools:
+                if tool == "streaming" and blocks > 10_000:
+                    continue
                 name = "gristmill" if tool.startswith("gristmill") else tool
                 results.setdefault((tool, blocks), []).append(
                     run_fresh(["--measure", folders[tool], "--tool", name]))
