@@ -4,9 +4,11 @@ Why several hosts: a partition owns whole hosts, so one host can only ever use o
 site of ``crawl_speed.py`` (pre-rendered articles, ten links each) is served on ``--hosts`` ports of
 127.0.0.1 by a server in its own process; every crawl runs in a fresh interpreter, K values
 alternating, robots.txt obeyed, no delays, extraction off or on, the same total ``--concurrency``
-(split over the partitions). Reported: medians of pages/s (``CrawlSummary.elapsed_s``, partitions'
-start-up included), the ratio to K = 1, and the CPU seconds per page of the crawl (all its processes)
-and of the server, read from /proc: with C cores, K partitions cannot go faster than
+(split over the partitions). Reported: medians of pages/s over the whole process's wall time
+(interpreter start, imports and the partitions' start-up included, for every K), the ratio to K = 1,
+the cores the crawl actually got (its CPU seconds over its wall time: on a shared machine, what the
+other jobs left it), and the CPU seconds per page of the crawl (all its processes) and of the
+server, read from /proc: with C cores, K partitions cannot go faster than
 C / (crawl + server CPU per page), the ceiling printed beside each row.
 
     .venv-bench/bin/python benchmarks/crawl_partitions.py [--hosts 8] [--pages 1000] [--runs 3] [--ks 1,2]
@@ -22,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -81,14 +84,16 @@ def crawl_once(seeds: list[str], partitions: int, extract: bool, concurrency: in
                                                                                 concurrency])],
                                        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                        env={**os.environ, "PYTHONPATH": str(ROOT)})
+            started = time.perf_counter()
             tree = TreeMemory(process.pid)
             stdout, stderr = process.communicate()
+            wall = time.perf_counter() - started
             measured = tree.stop()
         finally:
             os.unlink(code.name)
     if process.returncode != 0:
         raise RuntimeError(f"crawl failed:\n{stderr[-3000:]}")
-    return {**json.loads(stdout.strip().splitlines()[-1]), "cpu": measured["cpu"]}
+    return {**json.loads(stdout.strip().splitlines()[-1]), "wall": wall, "cpu": measured["cpu"]}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -115,9 +120,9 @@ def main() -> int:
     cores = len(os.sched_getaffinity(0))
     print(f"site: {args.pages} pages x {args.hosts} hosts on 127.0.0.1; total concurrency {args.concurrency}; "
           f"{args.runs} runs each, alternating; {cores} cores; load average before {os.getloadavg()[0]:.1f}\n")
-    print("| extraction | K | pages/s (median) | x K=1 | crawl CPU s/page | server CPU s/page | "
+    print("| extraction | K | pages/s (median) | x K=1 | cores the crawl got | crawl CPU /page | server CPU /page | "
           "ceiling pages/s on all cores | pages |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     try:
         for extract in {"off": (False,), "on": (True,), "both": (False, True)}[args.extraction]:
             runs: dict[int, list[dict[str, float]]] = {k: [] for k in ks}
@@ -127,14 +132,16 @@ def main() -> int:
                     result = crawl_once(seeds, k, extract, args.concurrency)
                     result["server_cpu"] = cpu_seconds(server.pid) - server_before
                     runs[k].append(result)
-            base = statistics.median(r["pages"] / r["elapsed"] for r in runs[ks[0]])
+            base = statistics.median(r["pages"] / r["wall"] for r in runs[ks[0]])
             for k in ks:
-                rate = statistics.median(r["pages"] / r["elapsed"] for r in runs[k])
+                rate = statistics.median(r["pages"] / r["wall"] for r in runs[k])
                 crawl_cpu = statistics.median(r["cpu"] / r["pages"] for r in runs[k])
                 server_cpu = statistics.median(r["server_cpu"] / r["pages"] for r in runs[k])
                 pages = int(statistics.median(r["pages"] for r in runs[k]))
-                print(f"| {'on' if extract else 'off'} | {k} | {rate:.0f} | {rate / base:.2f}x | {crawl_cpu * 1000:.2f} ms |"
-                      f" {server_cpu * 1000:.2f} ms | {cores / (crawl_cpu + server_cpu):.0f} | {pages} |", flush=True)
+                used = statistics.median(r["cpu"] / r["wall"] for r in runs[k])
+                print(f"| {'on' if extract else 'off'} | {k} | {rate:.0f} | {rate / base:.2f}x | {used:.2f} | "
+                      f"{crawl_cpu * 1000:.2f} ms | {server_cpu * 1000:.2f} ms | {cores / (crawl_cpu + server_cpu):.0f} | "
+                      f"{pages} |", flush=True)
     finally:
         server.terminate()
     print(f"\nload average after {os.getloadavg()[0]:.1f}")
