@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import io
+import os
 import random
 import threading
 import time
@@ -159,9 +160,13 @@ class BlockSource:
         self.cache = cache
         self.verify_checksums = verify_checksums
         self.counters = counters or Counters()
-        # This process's own filesystem object: fsspec makes a fresh one after a fork, and one made before
-        # it (s3fs's event loop and connections, say, in a DataLoader worker) refuses to work in the child.
-        self.fs = type(corpus.fs)(*corpus.fs.storage_args, **corpus.fs.storage_options)
+        # This process's own filesystem object: an async one (s3fs, gcsfs) made before a fork — the first
+        # batch is read before DataLoader forks its workers — refuses to work in the child, so the child
+        # makes its own; in the process that opened the corpus its object is used (a client costs ~0.5 s).
+        fs = corpus.fs
+        if getattr(fs, "_pid", os.getpid()) != os.getpid():
+            fs = type(fs)(*fs.storage_args, **fs.storage_options)
+        self.fs = fs
         self.gate = ReadGate(self.counters, maximum=max_reads)
         self.coalesce_bytes = coalesce_bytes
         self._expansion = DEFAULT_EXPANSION
