@@ -31,7 +31,7 @@ def corpus_fingerprint(shards: Sequence[ShardInfo]) -> str:
     digest = hashlib.blake2b(digest_size=16)
     for shard in shards:
         digest.update(json.dumps([shard.path, shard.rows, shard.checksum,
-                                  [group.rows for group in shard.row_groups]]).encode("utf-8"))
+                                  shard.row_groups.rows.tolist()]).encode("utf-8"))
     return digest.hexdigest()
 
 
