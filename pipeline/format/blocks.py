@@ -52,10 +52,6 @@ class BlockTable:
         return len(self.rows)
 
     @classmethod
-    def empty(cls) -> BlockTable:
-        return cls(*(np.zeros(0, dtype=np.int64) for _ in BLOCK_COLUMNS))
-
-    @classmethod
     def of(cls, shards: Sequence[_HasRowGroups]) -> BlockTable:
         """The blocks of ``shards`` in order; no copy when they are, in order, exactly one table's shards."""
         views = [shard.row_groups for shard in shards]
