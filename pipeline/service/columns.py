@@ -133,11 +133,6 @@ class KeyTable:
         self.delta = Delta()
         self._lock = threading.Lock()
 
-    def __len__(self) -> int:
-        runs, frozen = self.recent
-        return (sum(map(len, self.main)) + sum(map(len, runs)) + sum(len(d.keys) for d in frozen)
-                + len(self.delta.keys))
-
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Every document stored under any of ``keys`` (with repeats)."""
         runs, frozen = self.recent
