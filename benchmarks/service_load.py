@@ -17,8 +17,17 @@ vocabulary, unlike each other and the real ones): the service loads them as a co
 the batch job's layout (``--index``); datasketch gets the same signatures inserted as ``MinHash``
 objects. "start s" is the time to get there (service over HTTP: process start to listening).
 
-    .venv/bin/python benchmarks/service_load.py --runs 3
-    .venv/bin/python benchmarks/service_load.py --runs 3 --base 100000
+``--shards 2`` rows run the same front with two shard actors on a local Ray.
+
+``--sizes N,...`` measures memory instead: a synthetic corpus index of N documents (random
+signatures), loaded by ``gristmill serve --index`` in its own process; load time, resident and peak
+anonymous bytes per document (the memory-mapped rows file not counted), bytes per document added
+through ``/add``, and the restart from the snapshot. ``--landed CHECKOUT`` runs an earlier version
+side by side at the smallest size.
+
+    .venv-bench/bin/python benchmarks/service_load.py --runs 3
+    .venv-bench/bin/python benchmarks/service_load.py --runs 3 --base 100000
+    .venv-bench/bin/python benchmarks/service_load.py --sizes 1000000 --runs 2 --landed /tmp/landed
 """
 
 from __future__ import annotations
@@ -68,8 +77,10 @@ def launch(state: str, index: str | None, *extra: str, checkout: Path = REPO) ->
     """``gristmill serve`` from ``checkout`` (this one, or ``--landed``'s) on a free port."""
     args = [*extra, "--index", index] if index else list(extra)
     env = {**os.environ, "PYTHONPATH": str(checkout), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--port", "0", "--state", state, *args],
-                            cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    os.makedirs(state, exist_ok=True)
+    with open(os.path.join(state, "stderr.txt"), "wb") as stderr:  # the server ignores other files in its folder
+        return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--port", "0", "--state", state, *args],
+                                cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
 
 
 def listening(proc: subprocess.Popen) -> str:
@@ -78,7 +89,9 @@ def listening(proc: subprocess.Popen) -> str:
     for line in proc.stdout:
         if "listening on " in line:
             return line.split("listening on ", 1)[1].strip()
-    raise SystemExit("gristmill serve did not start")
+    state = proc.args[proc.args.index("--state") + 1]
+    with open(os.path.join(state, "stderr.txt"), encoding="utf-8", errors="replace") as handle:
+        raise SystemExit(f"gristmill serve did not start: {handle.read()[-3000:]}")
 
 
 def start_service(state: str, index: str | None, *extra: str) -> tuple[subprocess.Popen, str]:
@@ -282,13 +295,13 @@ def start_sampled(state: str, index: str | None, checkout: Path) -> tuple[subpro
     return proc, url, seconds, max(peak[0], anonymous_bytes(proc.pid))
 
 
-def add_synthetic(url: str, count: int) -> None:
+def add_synthetic(url: str, count: int, first: int) -> None:
     """``count`` new documents (60 random words each) through ``/add`` in batches of 256."""
     import urllib.request
 
-    rng = np.random.default_rng(1)
-    for start in range(0, count, 256):
-        words = rng.integers(0, 1 << 40, size=(min(256, count - start), 60))
+    rng = np.random.default_rng(first)
+    for start in range(first, first + count, 256):
+        words = rng.integers(0, 1 << 40, size=(min(256, first + count - start), 60))
         body = json.dumps({"documents": [{"id": f"add-{start + i}", "text": " ".join(f"w{w}" for w in row)}
                                          for i, row in enumerate(words)]}).encode()
         request = urllib.request.Request(f"{url}/add", data=body, headers={"Content-Type": "application/json"})
@@ -320,15 +333,16 @@ def measure_size(count: int, index: str, scratch: str, checkout: Path, adds: int
             snapshotting = os.path.exists(os.path.join(state, "s", "rows.u64"))
             if snapshotting:
                 wait_for_snapshot(state + "/s", proc)
+            add_synthetic(url, adds, first=0)  # past what the load freed and the allocator still holds
             before = anonymous_bytes(proc.pid)
-            add_synthetic(url, adds)
+            add_synthetic(url, adds, first=adds)
             out["add_b_per_doc"] = (anonymous_bytes(proc.pid) - before) / adds
         finally:
             proc.terminate()
             proc.wait(timeout=600)
         if snapshotting:  # the restart loads the snapshot (and replays the adds' log)
             proc, _, out["restart_s"], peak = start_sampled(state + "/s", index, checkout)
-            out["restart_resident_b_per_doc"] = (anonymous_bytes(proc.pid) - empty) / (count + adds)
+            out["restart_resident_b_per_doc"] = (anonymous_bytes(proc.pid) - empty) / (count + 2 * adds)
             proc.terminate()
             proc.wait(timeout=600)
     return out
@@ -337,8 +351,8 @@ def measure_size(count: int, index: str, scratch: str, checkout: Path, adds: int
 def sizes_table(sizes: list[int], runs: int, adds: int, landed: Path | None) -> None:
     """Print the memory table: this checkout (and ``landed``, at the smallest size) at every size."""
     print("| version | documents | load s | resident B/doc | peak B/doc (loading) | B/doc added by /add "
-          "| restart from snapshot s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "| restart from snapshot s | resident B/doc after restart |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(dir=os.environ.get("SERVICE_SCRATCH")) as scratch:
         for count in sizes:
             index = os.path.join(scratch, f"index-{count}")
@@ -354,7 +368,8 @@ def sizes_table(sizes: list[int], runs: int, adds: int, landed: Path | None) -> 
             for name, checkout in versions:
                 rows = [measure_size(count, index, scratch, checkout, adds) for _ in range(runs)]
                 med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-                restart = f"{med['restart_s']:.1f}" if "restart_s" in med else "- (replays the whole log)"
+                restart = (f"{med['restart_s']:.1f} | {med['restart_resident_b_per_doc']:,.0f}" if "restart_s" in med
+                           else "- (no snapshot) | -")
                 print(f"| {name} | {count:,} | {med['load_s']:.1f} | {med['resident_b_per_doc']:,.0f} | "
                       f"{med['peak_b_per_doc']:,.0f} | {med['add_b_per_doc']:,.0f} | {restart} |", flush=True)
             shutil.rmtree(index)
@@ -381,7 +396,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4, help="HTTP requests in flight (default %(default)s)")
     parser.add_argument("--base", type=int, default=0, help="synthetic documents loaded first (default 0)")
     parser.add_argument("--sizes", help="instead: memory and load time at these index sizes (comma-separated)")
-    parser.add_argument("--adds", type=int, default=50_000, help="with --sizes: documents added through /add")
+    parser.add_argument("--adds", type=int, default=50_000,
+                        help="with --sizes: documents added through /add twice, memory measured over the second")
     parser.add_argument("--landed", type=Path, metavar="CHECKOUT",
                         help="with --sizes: also measure this checkout of an earlier gristmill (smallest size only)")
     args = parser.parse_args()
