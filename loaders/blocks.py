@@ -308,27 +308,31 @@ class BlockSource:
         return self.fetch_run([block])[block]
 
     def fetch_run(self, run: list[int]) -> dict[int, bytes]:
-        """The bytes of a run of adjacent blocks (see ``runs``) with one ranged read of the whole run.
+        """The bytes of a run of adjacent blocks (see ``runs``) with one ranged read.
 
-        Each block is still its own disk-cache entry; the run is read only if one of them misses.
+        Each block is still its own disk-cache entry. The read starts at the first block that misses
+        (blocks before it came from the cache, perhaps put there by another process) and goes to the
+        end of the run.
         """
         shard = int(self.layout.shard[run[0]])
-        first, last = self.layout.byte_range(run[0])[0], self.layout.byte_range(run[-1])[1]
-        groups = [int(self.layout.group[b]) for b in run]
-        what = (f"row group {groups[0]}" if len(run) == 1 else f"row groups {groups[0]}-{groups[-1]}") + \
-            f" (bytes [{first}, {last}))"
-        whole: list[bytes] = []
+        last = self.layout.byte_range(run[-1])[1]
+        groups = {b: int(self.layout.group[b]) for b in run}
+        downloaded: list[tuple[int, bytes]] = []
 
-        def download_once() -> bytes:
-            if not whole:
-                whole.append(self._download(shard, first, last, what))
-            return whole[0]
+        def download_from(block: int) -> bytes:
+            start, end = self.layout.byte_range(block)
+            if not downloaded:
+                what = (f"row group {groups[block]}" if block == run[-1] else
+                        f"row groups {groups[block]}-{groups[run[-1]]}") + f" (bytes [{start}, {last}))"
+                downloaded.append((start, self._download(shard, start, last, what)))
+            first, data = downloaded[0]
+            return data[start - first:end - first]
 
         out = {}
         for block in run:
             start, end = self.layout.byte_range(block)
-            out[block] = self._fetch(shard, start, end, what, download_once if len(run) == 1 else
-                                     lambda s=start, e=end: download_once()[s - first:e - first])
+            out[block] = self._fetch(shard, start, end, f"row group {groups[block]} (bytes [{start}, {end}))",
+                                     lambda b=block: download_from(b))
         self.counters.add(blocks_fetched=len(run))
         return out
 
