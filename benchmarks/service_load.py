@@ -144,8 +144,10 @@ def run_http(docs: list[tuple[str, str]], batch: int, clients: int, base: str | 
 # -- the same service in-process ---------------------------------------------------------------
 def run_in_process(docs: list[tuple[str, str]], batch: int, base: str | None) -> dict:
     from pipeline.format.signature_index import params_for
+    from pipeline.service.columns import return_freed_memory
     from pipeline.service.server import DedupService, Doc
 
+    return_freed_memory()  # as `gristmill serve` does
     with tempfile.TemporaryDirectory() as state:
         started = time.perf_counter()
         service = DedupService(state, None if base else params_for(0.8, 128, 5), index_url=base)

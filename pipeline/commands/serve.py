@@ -99,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
 
     from pipeline.format import CorpusError
     from pipeline.format.signature_index import check_export_folder, params_for
+    from pipeline.service.columns import return_freed_memory
     from pipeline.service.server import DedupService, LogError, StateError, check_bind, serve_forever
 
+    return_freed_memory()  # process-wide allocator settings: the serving process is ours alone
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         if (args.max_batch < 1 or not args.max_body_mb > 0 or not args.read_timeout > 0 or args.compact_every < 1

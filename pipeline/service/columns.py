@@ -321,6 +321,8 @@ def return_freed_memory() -> None:
     glibc raises its mmap threshold after large frees, after which a loader's freed temporaries stay
     in the heap (about 450 B/doc resident after loading 1 M documents, against 250 with a fixed
     threshold); Arrow's default pool keeps freed batches too. Linux/glibc only; elsewhere a no-op.
+    Process-wide, so it is called where a process serves an index and nothing else (``gristmill
+    serve``, a shard's actor), never by a library constructor.
     """
     import ctypes
     import ctypes.util

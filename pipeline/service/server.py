@@ -47,7 +47,7 @@ from aiohttp import web
 from dedup.lsh import band_hashes
 from dedup.normalize import fold_prepared, hashes_of_folded, prepare
 from pipeline.format.signature_index import IndexParams, params_from_dict, params_to_dict
-from pipeline.service.columns import ROW_HEAD, RowStore, return_freed_memory
+from pipeline.service.columns import ROW_HEAD, RowStore
 from pipeline.service.index import LiveIndex, load_corpus_index
 from pipeline.service.snapshot import (
     LOG_NAME,
@@ -356,7 +356,6 @@ class DedupService:
         """
         if params is None and index_url is None:
             raise ValueError("give the index parameters or a corpus index to start from")
-        return_freed_memory()
         self.state = state
         self.compact_every = compact_every
         self.counters = Counters()

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.format.signature_index import IndexParams, params_from_dict, params_to_dict
-from pipeline.service.columns import hash_words
+from pipeline.service.columns import hash_words, return_freed_memory
 from pipeline.service.index import MAX_NEAR_DUPLICATES
 from pipeline.service.server import (
     Counters,
@@ -63,6 +63,7 @@ class Shard:
 
     def __init__(self, state: str, params: dict[str, Any] | None, index_url: str | None, part: tuple[int, int],
                  compact_every: int) -> None:
+        return_freed_memory()  # the actor's process is the shard's own
         self.service = DedupService(state, params_from_dict(params, state) if params else None,
                                     index_url=index_url, compact_every=compact_every, part=part)
 
