@@ -22,15 +22,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import random
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
-from process_tree import LOOPBACK_RAY, REPO, TreeMemory
+from process_tree import REPO, gristmill_command, measure
 
 DATA = REPO / "bench-data" / "incremental"
 OLD_FILES = 16
@@ -82,26 +80,11 @@ def generate(folder: Path, old: int, new: int, seed: int) -> None:
     done.write_text(json.dumps(wanted))
 
 
-def _gristmill() -> str:
-    for venv in (".venv-plain", ".venv"):
-        if (REPO / venv / "bin" / "gristmill").exists():
-            return str(REPO / venv / "bin" / "gristmill")
-    raise SystemExit("no gristmill command: run `make bench-env`")
-
-
 def _run(command: list[str], log: Path) -> dict[str, Any]:
     """Run ``command``; its tree's CPU seconds, bytes read and wall seconds."""
-    started = time.perf_counter()
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONPATH": str(REPO), **LOOPBACK_RAY})
-        memory = TreeMemory(process.pid)
-        code = process.wait()
-    wall = time.perf_counter() - started
-    measured = memory.stop()
-    if code != 0:
-        raise RuntimeError(f"{command[:4]} failed with {code}; see {log}")
-    return {"cpu_s": round(measured["cpu"], 2), "wall_s": round(wall, 2), "read_chars": measured["read_chars"]}
+    measured = measure(command, log)
+    return {"cpu_s": round(measured["cpu"], 2), "wall_s": round(measured["wall"], 2),
+            "read_chars": measured["read_chars"]}
 
 
 def _folder_bytes(folder: Path) -> tuple[int, int]:
@@ -120,7 +103,7 @@ def main() -> None:
     parser.add_argument("--alone", action="store_true", help="run NEW without --against: the floor to compare with")
     args = parser.parse_args()
     generate(args.data, args.old, args.new, args.seed)
-    gristmill = _gristmill()
+    gristmill = gristmill_command()
     old_corpus, new_corpus = args.data / "old-corpus", args.data / "new-corpus"
     shutil.rmtree(new_corpus, ignore_errors=True)
     if not (old_corpus / "manifest.json").exists():

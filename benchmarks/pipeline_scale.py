@@ -62,7 +62,7 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline_e2e import BANDS, NGRAM, NUM_PERM, ROWS, run_datatrove  # noqa: E402
-from process_tree import REPO, measure  # noqa: E402
+from process_tree import REPO, gristmill_command, measure  # noqa: E402
 
 DATA = REPO / "bench-data" / "scale"
 TEXT_SOURCES = ("/usr/share/doc/python3.11/html/_sources/**/*.txt", "/usr/share/doc/*/copyright")
@@ -350,13 +350,6 @@ def generate(folder: Path, size_gb: float, seed: int, zst: bool, jobs: int, pool
 
 
 # -- the runner ------------------------------------------------------------------------------------------
-def _gristmill() -> str:
-    for venv in (".venv-plain", ".venv"):
-        if (REPO / venv / "bin" / "gristmill").exists():
-            return str(REPO / venv / "bin" / "gristmill")
-    raise SystemExit("no gristmill command: run `make bench-env`")
-
-
 def _work_files(work: Path) -> dict[str, int]:
     """Files under OUTPUT/_work by the folder below it (a stage's datasets and completion records), as
     ``--keep-work`` leaves them: a file a stage wrote and deleted again is not counted."""
@@ -372,7 +365,7 @@ def _work_files(work: Path) -> dict[str, int]:
 
 def run_gristmill(inputs: Path, work: Path, partition_bytes: int | None) -> dict[str, Any]:
     out = work / "corpus"
-    gristmill = _gristmill()
+    gristmill = gristmill_command()
     command = [gristmill, "dedup", str(inputs), "-o", str(out), "--keep-work", "--num-perm", str(NUM_PERM),
                "--bands", str(BANDS), "--rows", str(ROWS), "--ngram", str(NGRAM)]
     if partition_bytes is not None:

@@ -87,6 +87,15 @@ class TreeMemory:
                 "processes": sorted(self._own.values(), key=lambda row: -row["pss"])}
 
 
+def gristmill_command() -> str:
+    """The ``gristmill`` console script: as ``pip install gristmill`` installs it (``.venv-plain``), else
+    the tested environment's."""
+    for venv in (".venv-plain", ".venv"):
+        if (REPO / venv / "bin" / "gristmill").exists():
+            return str(REPO / venv / "bin" / "gristmill")
+    raise SystemExit("no gristmill command: run `make bench-env`")
+
+
 def measure(command: list[str], log: Path) -> dict[str, Any]:
     """Run ``command`` from the repository root, its output to ``log``; wall, CPU and memory of its tree.
 
