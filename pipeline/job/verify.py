@@ -57,8 +57,8 @@ class _Signatures:
 
     def of(self, keys: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray:
         wanted = keys.to_numpy()
-        where = np.minimum(np.searchsorted(self.keys, wanted), max(0, len(self.keys) - 1))
-        if not len(self.keys) or not np.array_equal(self.keys[where], wanted):
+        where = np.searchsorted(self.keys, wanted)
+        if not (where < len(self.keys)).all() or not np.array_equal(self.keys[where], wanted):
             raise DedupError(f"key partition {self.part}: a candidate edge names a document without a signature")
         return self.signatures.take(self.order[where])
 
