@@ -1,0 +1,193 @@
+"""The vocabulary every ``gristmill`` command shares: sizes with units, ``--json``/``--quiet``, renamed
+flags that keep working, and TOML job files.
+
+One module so the same idea is spelt the same way everywhere (issue 19): a size is ``64MiB`` or
+``1.5GB`` (or plain bytes) on every flag and in every job file; a renamed flag prints one
+deprecation line and then behaves exactly like its new spelling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+_UNITS = {"": 1, "b": 1,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(text: str | int | float) -> int:
+    """Bytes from ``"64MiB"``, ``"1.5GB"``, ``"4096"`` or a number; ValueError naming the value otherwise.
+
+    Units are decimal (kB, MB, GB, TB) or binary (KiB, MiB, GiB, TiB), any case; a bare number is bytes.
+    """
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r} is not a size")
+    if isinstance(text, int | float):
+        number, unit = float(text), ""
+    else:
+        match = _SIZE.fullmatch(str(text))
+        if not match or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"{text!r} is not a size: write bytes or a number with a unit, e.g. 64MiB or 1.5GB "
+                             f"(units: {', '.join(u for u in ('kB', 'MB', 'GB', 'TB', 'KiB', 'MiB', 'GiB', 'TiB'))})")
+        number, unit = float(match.group(1)), match.group(2).lower()
+    value = number * _UNITS[unit]
+    if not value == value or value < 0 or value > 2**62:  # NaN, negative or absurd
+        raise ValueError(f"{text!r} is not a size between 0 and 4 EiB")
+    return int(value)
+
+
+def size(text: str) -> int:
+    """``type=`` for argparse: a size with units (see :func:`parse_size`)."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def format_size(value: int) -> str:
+    """``67108864`` -> ``"64MiB"``: how help texts show a size default, exact where a binary unit divides it."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        scale = _UNITS[unit.lower()]
+        if value and value % scale == 0:
+            return f"{value // scale}{unit}"
+    return f"{value}B"
+
+
+def add_output_flags(parser: argparse.ArgumentParser, json_help: str = "print the result as JSON on stdout") -> None:
+    """``--json`` and ``--quiet``, the same on every command."""
+    parser.add_argument("--json", action="store_true", help=json_help)
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="print only warnings, errors and the result: no progress")
+
+
+class _Renamed(argparse.Action):
+    """An old flag spelling: one deprecation line on stderr, then it acts as its new spelling."""
+
+    warned: set[str] = set()  # once per process, though a job file's check parses the line again
+
+    def __init__(self, option_strings: Sequence[str], dest: str, new: str = "", convert: Any = None,
+                 **kwargs: Any) -> None:
+        self.new, self.convert = new, convert
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if option_string not in self.warned:
+            self.warned.add(str(option_string))
+            print(f"gristmill: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, self.convert(values) if self.convert else values)
+
+
+def add_renamed(parser: argparse.ArgumentParser, old: str, new: str, dest: str, *, convert: Any = None,
+                nargs: Any = None, metavar: str | None = None) -> None:
+    """Keep ``old`` working for ``new`` (stored in ``dest``), hidden from ``--help``.
+
+    ``convert`` turns the old value into the new one (``--max-body-mb 16`` -> 16 MiB in bytes); it
+    must raise ArgumentTypeError for a bad value. Pass ``nargs=0`` for an old boolean flag, whose
+    ``convert`` then takes None.
+    """
+    parser.add_argument(old, dest=dest, action=_Renamed, new=new, convert=convert, nargs=nargs,
+                        metavar=metavar, help=argparse.SUPPRESS, default=argparse.SUPPRESS)
+
+
+def mib_to_bytes(text: str) -> int:
+    """``convert`` for old ``--...-mb`` flags, which took MiB as a float."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB") from None
+    return size(f"{value}MiB")
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    """A TOML file as a dict; OSError or ValueError naming the file when it cannot be read."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    with open(path, "rb") as handle:
+        try:
+            return tomllib.load(handle)
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: not a valid TOML file: {exc}") from None
+
+
+def job_table(path: str, command: str) -> dict[str, Any]:
+    """The options of a job file for ``command``: its ``[command]`` table, or the top level when it has
+    none; keys spelt as flags (``max-pages``) or as Python names (``max_pages``)."""
+    data = read_toml(path)
+    table = data.get(command, data)
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: [{command}] is not a table")
+    return {str(key).replace("-", "_"): value for key, value in table.items()}
+
+
+def apply_job_file(parser: argparse.ArgumentParser, args: argparse.Namespace, path: str, command: str,
+                   argv: Sequence[str]) -> None:
+    """Fill ``args`` from a TOML job file wherever the command line left the parser's default.
+
+    Every key must be an option of the command (ValueError naming the file and the key otherwise);
+    string values go through the option's own ``type`` (so ``"64MiB"`` works in a file too), and a
+    value of the wrong kind is refused naming the file and the key. Options ``argv`` (the command's
+    own tokens) spells out always win, even when equal to their default.
+    """
+    explicit = explicit_dests(parser, argv)
+    actions = {action.dest: action for action in parser._actions
+               if action.dest not in ("help", "job") and action.option_strings and not isinstance(action, _Renamed)}
+    positional = {action.dest: action for action in parser._actions if not action.option_strings}
+    values = {}
+    for key, value in job_table(path, command).items():
+        action = actions.get(key) or positional.get(key)
+        if action is None:
+            known = ", ".join(sorted(k.replace("_", "-") for k in (*actions, *positional)))
+            raise ValueError(f"{path}: unknown option {key.replace('_', '-')!r} (known: {known})")
+        if key not in explicit:
+            values[key] = _job_value(path, key, action, value)
+    for key, value in values.items():  # only once every key is known good
+        setattr(args, key, value)
+
+
+def _job_value(path: str, key: str, action: argparse.Action, value: Any) -> Any:
+    """A job-file value checked and converted the way the command line would have."""
+    where = f"{path}: {key.replace('_', '-')}"
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be true or false, not {value!r}")
+        return value if isinstance(action, argparse._StoreTrueAction) else not value
+    many = isinstance(action, argparse._AppendAction) or action.nargs in ("*", "+")
+    values = value if isinstance(value, list) and many else [value]
+    if isinstance(value, list) and not many:
+        raise ValueError(f"{where} takes one value, not a list")
+    converted = []
+    for item in values:
+        if isinstance(item, dict | list):
+            raise ValueError(f"{where}: {item!r} is not a single value")
+        if action.type is not None and not isinstance(item, bool):
+            try:
+                item = action.type(item if isinstance(item, str) else str(item))
+            except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
+                raise ValueError(f"{where}: {exc}") from None
+        if action.choices is not None and item not in action.choices:
+            raise ValueError(f"{where}: {item!r} is not one of {', '.join(map(str, action.choices))}")
+        converted.append(item)
+    return converted if many else converted[0]
+
+
+def explicit_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The ``dest`` of every option ``argv`` (the command's own tokens) spells out, abbreviations
+    included: ``argv`` parsed again with every default suppressed and nothing required leaves only those."""
+    saved = [(action, action.default, action.required) for action in parser._actions]
+    try:
+        for action, _, _ in saved:
+            action.default, action.required = argparse.SUPPRESS, False
+        given, _ = parser.parse_known_args(list(argv))
+    finally:
+        for action, default, required in saved:
+            action.default, action.required = default, required
+    return set(vars(given))
