@@ -1,6 +1,6 @@
 """The ``gristmill`` command line: one sub-command per module, imported only when it runs.
 
-Each module in ``COMMANDS`` defines ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``; it
+Each module in ``COMMANDS`` defines ``add_arguments(parser)`` and ``run(args) -> int``; it
 must import its heavy dependencies (Ray, aiohttp, torch) inside ``run`` so ``gristmill --help`` and
 ``gristmill inspect`` stay fast.
 """
@@ -15,14 +15,22 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-COMMANDS: dict[str, str] = {
-    "inspect": "pipeline.commands.inspect",
-    "crawl": "pipeline.commands.crawl",
-    "serve": "pipeline.commands.serve",
-    "dedup": "pipeline.commands.dedup",
-    "stats": "pipeline.commands.stats",
-    "clusters": "pipeline.commands.clusters",
-    "rejects": "pipeline.commands.rejects",
+# name -> (module, one-line summary); the summaries live here so `gristmill --help` imports no command.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "inspect": ("pipeline.commands.inspect",
+              "Summarise a corpus from its manifest: shards, rows, bytes, row groups, schema (--verify checks checksums)."),
+    "crawl": ("pipeline.commands.crawl",
+              "Crawl seed URLs or sitemaps into raw corpus shards (re-running resumes)."),
+    "serve": ("pipeline.commands.serve",
+              "Serve dedup checks over HTTP: POST /check and /add against a corpus's signature index plus everything added."),
+    "dedup": ("pipeline.commands.dedup",
+              "Deduplicate Parquet/JSONL/WARC documents (exact + MinHash) into a sharded corpus, on Ray."),
+    "stats": ("pipeline.commands.stats",
+              "Print a corpus's dedup statistics: documents kept/removed/rejected, breakdowns, clusters, stage times."),
+    "clusters": ("pipeline.commands.clusters",
+              "List the largest duplicate clusters; --show ID prints one cluster's members side by side with diffs."),
+    "rejects": ("pipeline.commands.rejects",
+              "List the input records a dedup run rejected: file, position, kind and reason (--json: JSON Lines)."),
 }
 RESUMABLE = ("dedup", "crawl")  # commands that pick up where they stopped when run again
 INTERRUPTED = 130  # the shell's status for a process stopped by SIGINT (128 + 2)
@@ -42,9 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module_name in COMMANDS.items():
+    for name, (module_name, summary) in COMMANDS.items():
         module = importlib.import_module(module_name)
-        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        command = sub.add_parser(name, help=summary, description=summary)
         module.add_arguments(command)
         command.set_defaults(_run=module.run)
     return parser

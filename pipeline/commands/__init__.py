@@ -1,6 +1,6 @@
 """The ``gristmill`` subcommands, one module each, thin: arguments, a call into the library, exit status.
 
-Each defines ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int`` and imports its heavy
+Each defines ``add_arguments(parser)`` and ``run(args) -> int`` and imports its heavy
 dependencies (Ray, aiohttp, torch) inside ``run`` (``pipeline.cli`` imports every command for ``--help``).
 Helpers two commands share live in a library module both import, never in a command.
 """

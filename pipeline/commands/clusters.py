@@ -16,8 +16,6 @@ import pyarrow as pa
 from pipeline.format import Corpus, CorpusError
 from pipeline.report.cluster_text import cluster_summary, render_cluster, render_list
 
-HELP = "List the largest duplicate clusters; --show ID prints one cluster's members side by side with diffs."
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("corpus", help="corpus folder or URL written by gristmill dedup")

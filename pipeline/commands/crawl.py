@@ -19,7 +19,6 @@ from pipeline.service.client import TOKEN_ENV
 if TYPE_CHECKING:
     from crawlers.crawler import CrawlSummary
 
-HELP = "crawl seed URLs or sitemaps into raw corpus shards (re-running resumes)"
 EPILOG = """exit status: 0 when the crawl holds documents (a re-run with nothing left to fetch included) or
 was stopped by SIGTERM; 1 when it finished having stored nothing (stderr says why, by outcome); 2 for
 bad arguments or an unreadable seed file; 130 on Ctrl-C (everything finished is committed: run the

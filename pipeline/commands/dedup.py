@@ -11,8 +11,6 @@ import signal
 import sys
 from typing import Any
 
-HELP = "Deduplicate Parquet/JSONL/WARC documents (exact + MinHash) into a sharded corpus, on Ray."
-
 # Command-line options that map one to one onto DedupConfig fields.
 _OPTIONS = ("threshold", "num_perm", "ngram", "bands", "rows", "seed", "text_column", "id_column",
             "max_doc_bytes", "split_bytes", "num_partitions", "partition_bytes", "spill_bytes", "cc_rows_per_task",

@@ -12,14 +12,11 @@ import numpy as np
 from pipeline.format import Corpus, CorpusError
 from pipeline.report.stats_text import human_bytes
 
-HELP = "Summarise a corpus from its manifest: shards, rows, bytes, row groups, schema (--verify checks checksums)."
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("corpus", help="corpus folder or URL (local path, s3://, memory://)")
     parser.add_argument("--verify", action="store_true", help="re-read every shard and compare checksums")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
-
 
 
 def summarise(corpus: Corpus, verify: bool) -> dict[str, Any]:

@@ -21,7 +21,6 @@ import pyarrow.compute as pc
 from pipeline.format import REJECT_KINDS, Corpus, CorpusError
 from pipeline.report.rejects import reject_batches, rejects_path, render_tally, tally
 
-HELP = "List the input records a dedup run rejected: file, position, kind and reason (--json: JSON Lines)."
 _FIELDS = ("source", "position", "kind", "reason", "bytes", "count", "origin")
 
 

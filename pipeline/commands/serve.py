@@ -10,8 +10,6 @@ from typing import Any
 
 from pipeline.service.client import TOKEN_ENV
 
-HELP = "Serve dedup checks over HTTP: POST /check and /add against a corpus's signature index plus everything added."
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", metavar="CORPUS",

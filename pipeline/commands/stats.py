@@ -16,8 +16,6 @@ from pipeline.format import Corpus, CorpusError
 from pipeline.format.stats_table import full_stats
 from pipeline.report.stats_text import render
 
-HELP = "Print a corpus's dedup statistics: documents kept/removed/rejected, breakdowns, clusters, stage times."
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("corpus", help="corpus folder or URL")
