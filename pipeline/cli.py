@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         command = sub.add_parser(name, help=summary, description=summary)
         module.add_arguments(command)
-        command.set_defaults(_run=module.run)
+        command.set_defaults(_run=module.run, _parser=command)
     return parser
 
 
@@ -64,7 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Ctrl-C, a reader that closed the pipe (``| head``) and an unreadable file end the command with
     one line instead of a traceback: they are the user's or the system's doing, not a bug.
     """
-    args = build_parser().parse_args(argv)
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(tokens)
+    args._argv = tokens[tokens.index(args.command) + 1:]  # the command's own tokens, for --job files
     try:
         status = int(args._run(args) or 0)
         sys.stdout.flush()  # here, so a closed pipe is seen inside this try rather than at exit
