@@ -39,6 +39,7 @@ MANIFEST_NAME = "manifest.json"
 CHECKSUM_ALGORITHM = "xxh3_128"
 JOB_FINGERPRINT_KEY = "job_fingerprint"  # in a manifest's ``extra``: which job wrote the corpus
 STATS_TABLE_KEY = "stats_table"  # in a manifest's ``extra``: {"files": [...]}, the statistics table
+PAIRS_KEY = "pairs"  # in a manifest's ``extra``: {"files": [...], ...}, the candidate pairs table (pairs_table.py)
 
 
 @dataclass(frozen=True)
@@ -332,7 +333,8 @@ def manifest_location(url: str, fs: fsspec.AbstractFileSystem, root: str) -> str
 # job may treat as its own when it checks a folder before writing and cleans up after committing.
 OWNED_PATTERNS = ("manifest.json", "manifest.json.tmp-*", "*.parquet.tmp-*", "part-*.parquet", "removed-*.parquet",
                   "_index/index-*.parquet", "_index/bands-*.parquet", "_index/*.tmp-*", "_rejects/rejects-*.parquet",
-                  "_rejects/*.tmp-*", "_stats/stats-*.parquet", "_stats/*.tmp-*", "_blocks/blocks-*.parquet", "_work/*")
+                  "_rejects/*.tmp-*", "_stats/stats-*.parquet", "_stats/*.tmp-*", "_blocks/blocks-*.parquet", "_work/*",
+                  "_pairs/pairs-*.parquet", "_pairs/*.tmp-*")
 
 
 def is_owned_file(relative: str) -> bool:
@@ -360,9 +362,10 @@ def remove_unlisted(url: str, manifest: Manifest, storage_options: Mapping[str, 
 
 def manifest_extra_files(manifest: Manifest) -> list[str]:
     """The files besides shards that a manifest's ``extra`` names (signature index and its band files,
-    rejects, statistics table)."""
+    rejects, statistics table, candidate pairs table)."""
     files: list[Any] = []
-    for key, lists in (("signature_index", ("files", "band_files")), (STATS_TABLE_KEY, ("files",))):
+    for key, lists in (("signature_index", ("files", "band_files")), (STATS_TABLE_KEY, ("files",)),
+                       (PAIRS_KEY, ("files",))):
         entry = manifest.extra.get(key)
         if isinstance(entry, Mapping):
             for name in lists:

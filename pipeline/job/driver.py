@@ -28,6 +28,7 @@ from pipeline.format import (
     remove_unlisted,
     write_manifest,
 )
+from pipeline.format.manifest import PAIRS_KEY
 from pipeline.job import components
 from pipeline.job.buckets import bucket_partition
 from pipeline.job.clusters import run_clusters
@@ -48,6 +49,7 @@ from pipeline.job.inputs import plan_splits, resolve_inputs
 from pipeline.job.keys import check_split_count
 from pipeline.job.partitions import Partitions, partitions_for
 from pipeline.job.plan import against_index_files, claim_folders, job_fingerprint
+from pipeline.job.prefer import check_input_column, parse_preference
 from pipeline.job.read import read_index_split, run_read
 from pipeline.job.sign import sign_split
 from pipeline.job.stats import final_stats, merge_counts, run_stats
@@ -87,11 +89,13 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
                          "positive")
     started = time.time()
     params = index_params(config)
+    preference = parse_preference(config.prefer, config.storage_options)  # a domain file read here, once
     files = resolve_inputs(config.inputs, config.storage_options)
+    check_input_column(preference, files, config.storage_options)
     index_files = against_index_files(config, params) if config.against else []
     splits = plan_splits(files, config.split_bytes, first_index=len(index_files))
     check_split_count(len(splits), len(index_files))
-    fingerprint = job_fingerprint(config, params, splits, index_files)  # names the output files
+    fingerprint = job_fingerprint(config, params, splits, index_files, preference)  # names the output files
     finished = claim_folders(config, files, fingerprint)
     if finished is not None:  # this very job committed already: re-running it is an idempotent resume
         _remove_stale(config, finished)
@@ -109,7 +113,7 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     work.write_json(JOB_RECORD, identity)
     # the context every task shares: without the plan (a read task is sent its own split) and without
     # the INPUT list, which can name as many files as the plan
-    job = Job(dataclasses.replace(config, inputs=[]), params, work, index_files, fingerprint, len(splits))
+    job = Job(dataclasses.replace(config, inputs=[]), params, work, index_files, fingerprint, len(splits), preference)
 
     if not ray.is_initialized():
         # RAY_ADDRESS (set by `ray job submit`) joins that cluster; otherwise start a private local Ray
@@ -168,12 +172,15 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
         merge_counts(totals, record["totals"])
     stats = final_stats(totals, table, timings, resumed, {**cc, **edges}, params, config, time.time() - started,
                         len(splits), figures(job, exact, against) if against else None)
+    stats["survivor_policy"] = preference.describe()
     shards = [ShardInfo.from_dict(s) for record in written for s in record["shards"]]
     index_names = [index_file(i, fingerprint) for i in job.split_indices]
     band_names = [band_file(i, fingerprint) for i in job.split_indices]
     extra = {"signature_index": {"files": index_names, "band_files": band_names, "params": dataclasses.asdict(params)},
              "rejects": rejects_file(fingerprint), STATS_TABLE_KEY: {"files": table["files"]},
              "job": _job_summary(config), JOB_FINGERPRINT_KEY: fingerprint}
+    if params.verify:  # the candidate pairs table verification kept, for clusters --what-if
+        extra[PAIRS_KEY] = verified["pairs"]
     _collect_rejects(job, extra["rejects"])
     if config.removed:
         removed_shards = [ShardInfo.from_dict(s) for record in written for s in record["removed_shards"]]

@@ -5,7 +5,9 @@ Signatures and edges meet by key partition, never by split: ``sign`` sends every
 signature to the partition of its key (``verify_sigs``), ``buckets`` sends each edge to the partition
 of its left key (``verify_in``). Hop 1, per key partition: edges get their left signature and go on
 to the partition of their right key (``verify_right``); hop 2: the right signature, the estimate, and
-the kept edges to connected components. Each hop writes one file per task: S + P files per shuffle,
+the kept edges to connected components. Hop 2 also keeps every pair whose estimate reaches the pairs
+table's floor (``pipeline.format.pairs_table``) beside the corpus, streamed a batch at a time, so
+``gristmill clusters --what-if`` can recut the clusters at another threshold. Each hop writes one file per task: S + P files per shuffle,
 where routing by (left split, right split) made up to S x S. A task holds its partition's signatures
 and one sending task's edges at a time.
 """
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pipeline.format.pairs_table import PAIRS_SCHEMA, min_matches, pairs_entry, pairs_file, pairs_floor
 from pipeline.format.signature_index import list_matrix
 from pipeline.job.buckets import EdgeSender
 from pipeline.job.config import DedupError
@@ -32,8 +35,11 @@ from pipeline.job.datasets import (
     partition_name,
     split_name,
 )
+from pipeline.job.inputs import KEY_BITS
 from pipeline.job.tasks import Job, run_once
-from pipeline.job.workdir import partition_of
+from pipeline.job.workdir import WorkDir, partition_of
+
+PAIRS_BATCH = 1 << 20  # pairs a verify task holds before writing them as one row group (18 MiB)
 
 
 def shuffle_signatures(job: Job, split_index: int, sigs: pa.Table, partitions: int) -> None:
@@ -82,7 +88,7 @@ def _verify_left(job: Job, part: int, partitions: int) -> dict[str, Any]:
 
 def _verify_right(job: Job, part: int, cc_fine: int) -> dict[str, Any]:
     """Hop 2: the right key's signature; edges at or above the threshold are seeded into connected
-    components (``cc_fine`` hash ranges)."""
+    components (``cc_fine`` hash ranges); pairs at or above the pairs floor go to the pairs table."""
 
     def compute() -> dict[str, Any]:
         from dedup.lsh import estimated_jaccard
@@ -90,23 +96,43 @@ def _verify_right(job: Job, part: int, cc_fine: int) -> dict[str, Any]:
         num_perm = job.params.num_perm
         signatures = _Signatures(job, part)
         sender = EdgeSender(job, edges_from(part), cc_fine)
-        candidates, kept = 0, 0
-        for edges in job.work.partition_tables(VERIFY_RIGHT, part):
-            similar = estimated_jaccard(list_matrix(edges["left_signature"], num_perm),
-                                        list_matrix(signatures.of(edges["right"]), num_perm))
-            close = similar >= job.params.threshold  # the test dedup.verify_edges applies
-            sender.add(edges["left"].to_numpy()[close], edges["right"].to_numpy()[close])
-            candidates, kept = candidates + edges.num_rows, kept + int(np.count_nonzero(close))
-        return {"candidates": candidates, "edges": kept, "seeded": sender.close()}
+        candidates, kept, stored = 0, 0, 0
+        floor = min_matches(pairs_floor(job.params.threshold), num_perm)
+        output = WorkDir(job.config.output, job.config.storage_options)
+        with output.table_writer(pairs_file(job.fingerprint, part), PAIRS_SCHEMA) as pairs:
+            held: list[pa.Table] = []
+            held_rows = 0
+            for edges in job.work.partition_tables(VERIFY_RIGHT, part):
+                similar = estimated_jaccard(list_matrix(edges["left_signature"], num_perm),
+                                            list_matrix(signatures.of(edges["right"]), num_perm))
+                close = similar >= job.params.threshold  # the test dedup.verify_edges applies
+                matches = np.rint(similar * num_perm)  # exact: similar is a count over num_perm
+                left, right = edges["left"].to_numpy(), edges["right"].to_numpy()
+                sender.add(left[close], right[close])
+                candidates, kept = candidates + edges.num_rows, kept + int(np.count_nonzero(close))
+                near = matches >= floor
+                held.append(pa.table([left[near], right[near], matches[near].astype(np.uint16)], schema=PAIRS_SCHEMA))
+                held_rows += int(np.count_nonzero(near))
+                if held_rows >= PAIRS_BATCH:
+                    pairs.write_table(pa.concat_tables(held))
+                    stored, held, held_rows = stored + held_rows, [], 0
+            if held_rows:
+                pairs.write_table(pa.concat_tables(held))
+                stored += held_rows
+        return {"candidates": candidates, "edges": kept, "seeded": sender.close(), "pairs": stored}
 
     return run_once(job.work, VERIFY_RIGHT_DONE.partition(part), compute)
 
 
-def run_verify(job: Job, partitions: int, cc_fine: int, run_tasks: Callable[..., list[Any]]) -> dict[str, int]:
-    """The stage: both hops over every key partition; the candidate and verified edge counts and the
-    rows seeded into connected components."""
+def run_verify(job: Job, partitions: int, cc_fine: int, run_tasks: Callable[..., list[Any]]) -> dict[str, Any]:
+    """The stage: both hops over every key partition; the candidate and verified edge counts, the rows
+    seeded into connected components, and the pairs table's manifest entry (``pairs``)."""
     indices = range(partitions)
     run_tasks(_verify_left, [(job, p, partitions) for p in indices])
     records = run_tasks(_verify_right, [(job, p, cc_fine) for p in indices])
-    return {name: sum(r[key] for r in records)
-            for name, key in (("candidates", "candidates"), ("verified", "edges"), ("seeded", "seeded"))}
+    totals: dict[str, Any] = {name: sum(r[key] for r in records) for name, key in (
+        ("candidates", "candidates"), ("verified", "edges"), ("seeded", "seeded"))}
+    totals["pairs"] = pairs_entry([pairs_file(job.fingerprint, p) for p in indices], job.params.threshold,
+                                  job.params.num_perm, len(job.index_files), KEY_BITS,
+                                  sum(r["pairs"] for r in records))
+    return totals
