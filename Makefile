@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip setuptools wheel
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test,torch,tokenizers,s3,cluster]"
+	$(PY) -m pip install -q -e ".[all,test,torch,tokenizers,s3,cluster]"
 	touch $(STAMP)
 
 system-deps:
@@ -40,13 +40,14 @@ bench-env: pyproject.toml benchmarks/requirements.txt
 	test -x .venv-bench/bin/python || $(PYTHON) -m venv .venv-bench
 	.venv-bench/bin/python -m pip install -q -U pip setuptools wheel
 	.venv-bench/bin/python -m pip install -q "$(TORCH_SPEC)"
-	.venv-bench/bin/python -m pip install -q -e ".[test,tokenizers,s3]"
+	.venv-bench/bin/python -m pip install -q -e ".[all,test,tokenizers,s3]"
 	.venv-bench/bin/python -m pip install -q -r benchmarks/requirements.txt
 	.venv-bench/bin/python -m pip install -q --no-deps "mosaicml-streaming==0.13.0" "transformers>=4.40"
-	# gristmill as `pip install gristmill` installs it, no extras: what benchmarks/pipeline_e2e.py times
+	# gristmill as `pip install 'gristmill[all]'` installs it, no test or cluster extras: what
+	# benchmarks/pipeline_e2e.py times (the base install alone has no Ray: it is for training nodes)
 	test -x .venv-plain/bin/python || $(PYTHON) -m venv .venv-plain
 	.venv-plain/bin/python -m pip install -q -U pip setuptools wheel
-	.venv-plain/bin/python -m pip install -q -e .
+	.venv-plain/bin/python -m pip install -q -e ".[all]"
 
 clean:
 	rm -rf $(VENV) .venv-bench .venv-plain demo-output build *.egg-info

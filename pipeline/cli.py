@@ -1,8 +1,9 @@
 """The ``gristmill`` command line: one sub-command per module, imported only when it runs.
 
-Each module in ``COMMANDS`` defines ``add_arguments(parser)`` and ``run(args) -> int``; it
-must import its heavy dependencies (Ray, aiohttp, torch) inside ``run`` so ``gristmill --help`` and
-``gristmill inspect`` stay fast.
+Each module in ``COMMANDS`` defines ``add_arguments(parser)`` and ``run(args) -> int``. The top-level
+help comes from ``COMMANDS`` alone and only the chosen command's module is imported, so
+``gristmill --help`` stays fast and works on a lean install; a command whose extra is not installed
+says which one to install.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import logging
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import NoReturn
 
 # name -> (module, one-line summary); the summaries live here so `gristmill --help` imports no command.
@@ -34,28 +37,80 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 RESUMABLE = ("dedup", "crawl")  # commands that pick up where they stopped when run again
 INTERRUPTED = 130  # the shell's status for a process stopped by SIGINT (128 + 2)
+DISTRIBUTION = "gristmill"
 EXIT_STATUS = """exit status:
   0    success
   1    finished, but produced nothing or failed its check: dedup kept no document because every
        input record was rejected (or there were none), crawl stored nothing, inspect --verify
        found a corrupt shard, clusters --show found no such cluster
-  2    usage or input error: a bad option, an input or corpus that cannot be read
+  2    usage or input error: a bad option, an input or corpus that cannot be read, a missing extra
   130  interrupted (Ctrl-C); dedup and crawl resume where they stopped when run again
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(load: Collection[str] = ()) -> argparse.ArgumentParser:
+    """The whole command line; only the commands in ``load`` get their options (importing their module),
+    the others are names with a summary, which is all the top-level help shows."""
     parser = argparse.ArgumentParser(
         prog="gristmill", description="Crawl, deduplicate and stream LLM training corpora.",
         epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, summary) in COMMANDS.items():
-        module = importlib.import_module(module_name)
         command = sub.add_parser(name, help=summary, description=summary)
-        module.add_arguments(command)
-        command.set_defaults(_run=module.run, _parser=command)
+        if name in load:
+            module = importlib.import_module(module_name)
+            module.add_arguments(command)
+            command.set_defaults(_run=module.run, _parser=command)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (a source tree that was never installed says so)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+def chosen_command(tokens: Sequence[str]) -> str | None:
+    """The command the tokens name: the first one that is not an option (the top level takes no values)."""
+    first = next((token for token in tokens if not token.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
+def missing_extra(error: ModuleNotFoundError, command: str) -> str | None:
+    """The extra of this distribution that provides the module ``error`` misses: the command's own
+    extra when it lists that module, else the first that does; None for a module no extra provides."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    module = (error.name or "").split(".")[0]
+    try:
+        requirements = requires(DISTRIBUTION) or []
+    except PackageNotFoundError:
+        return None
+    extras = []
+    for requirement in requirements:
+        name = re.match(r"[A-Za-z0-9._-]+", requirement)
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", requirement)
+        if name and extra and re.sub(r"[-.]", "_", name.group(0)).lower() == module.lower():
+            extras.append(extra.group(1))
+    extras = [extra for extra in extras if extra not in ("all", "test")] or extras
+    return command if command in extras else (extras[0] if extras else None)
+
+
+def quiet_third_party_warnings() -> None:
+    """Drop the notices of libraries we use that are not the user's concern on a normal run.
+
+    Ray logs "Token authentication is enabled for this Ray cluster" on every local ``ray.init()``:
+    that is Ray's secure default doing its job, so only that line goes; Ray's other warnings (token
+    authentication disabled on a cluster we join, among them) still show.
+    """
+    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
+        lambda record: not record.getMessage().startswith("Token authentication is enabled for this Ray cluster"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,15 +120,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     one line instead of a traceback: they are the user's or the system's doing, not a bug.
     """
     tokens = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(tokens)
-    args._argv = tokens[tokens.index(args.command) + 1:]  # the command's own tokens, for --job files
+    command = chosen_command(tokens)
     try:
+        args = build_parser(load=[command] if command else []).parse_args(tokens)
+        args._argv = tokens[tokens.index(args.command) + 1:]  # the command's own tokens, for --job files
+        quiet_third_party_warnings()
         status = int(args._run(args) or 0)
         sys.stdout.flush()  # here, so a closed pipe is seen inside this try rather than at exit
         return status
+    except ModuleNotFoundError as exc:
+        extra = missing_extra(exc, str(command))
+        if extra is None:
+            raise
+        print(f"gristmill {command} needs the {extra!r} extra: pip install 'gristmill[{extra}]' "
+              f"(missing module: {exc.name})", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
-        resume = "; run the same command again to resume" if args.command in RESUMABLE else ""
-        print(f"gristmill {args.command}: interrupted{resume}", file=sys.stderr)
+        resume = "; run the same command again to resume" if command in RESUMABLE else ""
+        print(f"gristmill {command}: interrupted{resume}", file=sys.stderr)
         if argv is None:  # run as the program; in-process callers (tests) get the status back
             _end_process(INTERRUPTED)
         return INTERRUPTED
@@ -83,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as exc:  # its message names the file
-        print(f"gristmill {args.command}: {exc}", file=sys.stderr)
+        print(f"gristmill {command}: {exc}", file=sys.stderr)
         return 2
 
 
