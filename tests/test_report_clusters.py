@@ -8,13 +8,15 @@ import math
 import re
 from html.parser import HTMLParser
 
+import numpy as np
 import pytest
 
 from pipeline.commands import clusters as clusters_cmd
 from pipeline.format import CORPUS_SCHEMA, REMOVED_SCHEMA, Corpus, CorpusError, ShardWriter
 from pipeline.report import cluster_text
-from pipeline.report.duplicates import find_clusters, load_texts, open_removed
+from pipeline.report.duplicates import find_cluster, find_clusters, load_texts, open_removed, similarity_grid
 from pipeline.report.html_report import (
+    ReportData,
     _nice_step,
     cluster_size_bins,
     render_html,
@@ -54,16 +56,27 @@ def parse(page: str) -> list[tuple[str, dict[str, str | None]]]:
     return collector.tags
 
 
+def _grid(values: list[float]) -> np.ndarray:
+    return similarity_grid(np.array(values, float))
+
+
+DATA = ReportData(
+    similarities={"exact_duplicate": _grid([1.0] * 25), "near_duplicate": _grid([0.82, 0.9, 0.95] * 3 + [math.nan])},
+    pairs={"linked": _grid([0.82, 0.9, 0.95] * 3), "below": _grid([0.7] * 2000 + [0.78] * 3)}, pairs_floor=0.6,
+    lengths=np.bincount([3, 3, 4, 12], minlength=64), tokens=np.bincount([1, 2, 2, 9], minlength=64),
+    crawl={"ok": 120, "http_404": 3, "robots": 9})
+
+
 def test_report_is_self_contained_and_has_every_chart() -> None:
-    page = render_html(STATS, similarities=[1.0] * 25 + [0.82, 0.9, 0.95] * 3 + [math.nan],
-                       removed_as=["exact_duplicate"] * 25 + ["near_duplicate"] * 9 + ["near_duplicate"])
+    page = render_html(STATS, DATA)
     tags = parse(page)
     assert not [t for t, _ in tags if t in ("script", "link", "img", "iframe")]
     assert not [a for _, a in tags for k, v in a.items() if k in ("src", "href") and v and "//" in v]
-    ids = {a.get("id") for t, a in tags if t == "figure"}
-    assert ids == {"chart-funnel", "chart-cluster-sizes", "chart-similarity", "chart-domains", "chart-languages",
-                   "chart-stages"}
-    assert sum(t == "svg" for t, _ in tags) == 6
+    ids = [a.get("id") for t, a in tags if t == "figure"]
+    assert ids[:2] == ["chart-crawl", "chart-funnel"]  # for crawled input the crawl leads the funnel
+    assert set(ids) == {"chart-crawl", "chart-funnel", "chart-cluster-sizes", "chart-similarity", "chart-pairs",
+                        "chart-lengths", "chart-tokens", "chart-domains", "chart-languages", "chart-stages"}
+    assert sum(t == "svg" for t, _ in tags) == 10
     # the funnel's tooltips carry the real counts and shares
     for text in ("25 exact duplicates removed (25.0%)", "10 near duplicates removed (10.0%)", "60 kept (60.0%)",
                  "5 rejected removed (5.0%)", "65 remain"):
@@ -71,6 +84,12 @@ def test_report_is_self_contained_and_has_every_chart() -> None:
     assert "a.example: 25 exact duplicate (35.7%)" in page  # per-domain shares are of that domain's input
     assert "146.5 KiB" in page and "~37,500" in page  # text and tokens saved
     assert "rejected: empty 3, invalid_utf8 2" in page
+    # pairs below the threshold are drawn, on a log scale (2,000 in one bin beside bins of 3)
+    assert "0.70: 2,000 below the threshold (kept apart)" in page and "0.78: 3 below the threshold" in page
+    assert 'aria-label="candidate pairs by estimated similarity (log scale)"' in page
+    assert "2,003 pairs fell below the threshold" in page
+    assert "http_404: 3" in page and 'aria-label="crawl outcomes (log scale)"' not in page  # 120 vs 3: linear
+    assert "4k-8k: 1 documents" in page and "8-16: 2 documents" in page  # bins 12 and 3 of the lengths
 
 
 def test_report_without_optional_parts_still_renders() -> None:
@@ -86,7 +105,7 @@ def test_chart_bins() -> None:
     names = [name for name, _ in cluster_size_bins(many)]
     assert names[:7] == ["2", "3", "4", "5", "6", "7", "8"] and names[7:] == ["9-16", "17-32", "33-64"]
     assert sum(b["bar"] for _, b in cluster_size_bins(many)) == 38
-    bins, marker = similarity_bins([1.0, 0.81, 0.8, 0.95], ["exact_duplicate", "near_duplicate"] * 2, 0.8)
+    bins, marker = similarity_bins({"exact_duplicate": _grid([1.0, 0.8]), "near_duplicate": _grid([0.81, 0.95])}, 0.8)
     assert bins[0][0] == "0.70" and bins[-1][0] == "0.98"
     assert sum(b["exact_duplicate"] + b["near_duplicate"] for _, b in bins) == 4
     assert bins[-1][1]["exact_duplicate"] == 1 and dict(bins)["0.80"] == {"exact_duplicate": 1, "near_duplicate": 1}
@@ -112,37 +131,43 @@ def dedup_output(tmp_path):
                      is_representative=True)])
     kept.commit(stats={"documents": {"input": 7}}, extra={"job": {"removed": removed}})
     gone = ShardWriter(removed, REMOVED_SCHEMA)
-    gone.write([
+    gone.write([  # as the job writes them: cluster_id names the kept row, cluster_size counts every member
         _row("near", ORIGINAL.replace("two winters", "three winters") + "\nFirst published by the Post.",
              "http://wire.test/mill", cluster_id="rep", cluster_size=4, removed_as="near_duplicate",
              duplicate_of="rep", similarity=0.84, is_representative=False),
-        _row("copy", ORIGINAL, "http://a.test/print/mill", cluster_id="rep", removed_as="exact_duplicate",
-             duplicate_of="rep", similarity=1.0, is_representative=False),
+        _row("copy", ORIGINAL, "http://a.test/print/mill", cluster_id="rep", cluster_size=4,
+             removed_as="exact_duplicate", duplicate_of="rep", similarity=1.0, is_representative=False),
         _row("copy-of-near", ORIGINAL.replace("two winters", "three winters") + "\nFirst published by the Post.",
-             "http://mirror.test/mill", cluster_id="near", removed_as="exact_duplicate", duplicate_of="near",
-             similarity=1.0, is_representative=False),
+             "http://mirror.test/mill", cluster_id="rep", cluster_size=4, removed_as="exact_duplicate",
+             duplicate_of="near", similarity=1.0, is_representative=False),
         _row("bees-copy", "Bees on the roof.\nTwo hives.", "http://mirror.test/bees", cluster_id="rep2",
-             removed_as="exact_duplicate", duplicate_of="rep2", similarity=1.0, is_representative=False),
-        _row("seen-before", "An old story.", "http://b.test/old", cluster_id="earlier", removed_as="near_duplicate",
-             duplicate_of="earlier", similarity=0.9, is_representative=False),  # lost to an --against corpus
+             cluster_size=2, removed_as="exact_duplicate", duplicate_of="rep2", similarity=1.0,
+             is_representative=False),
+        _row("seen-before", "An old story.", "http://b.test/old", cluster_id="earlier", cluster_size=2,
+             removed_as="near_duplicate", duplicate_of="earlier", similarity=0.9,
+             is_representative=False),  # lost to an --against corpus
     ])
     gone.commit(extra={"removed_from": corpus})
     return corpus, removed
 
 
-def test_clusters_follow_duplicate_chains_to_the_kept_row(dedup_output) -> None:
+def test_clusters_group_by_the_kept_row(dedup_output) -> None:
     corpus_url, removed_url = dedup_output
     corpus = Corpus.open(corpus_url)
     removed = open_removed(corpus)  # found through the manifest's job record
     assert removed.url == removed_url
     clusters = find_clusters(corpus, removed)
     assert [(c.id, c.size, c.exact, c.near) for c in clusters] == [
-        ("rep", 4, 2, 1), ("rep2", 2, 1, 0), ("earlier", 1, 0, 1)]
-    assert clusters[2].representative is None
-    assert clusters[0].representative.source == "http://a.test/mill"
-    assert {m.id for m in clusters[0].members} == {"near", "copy", "copy-of-near"}
-    load_texts(clusters[0], corpus, removed)
-    assert all(m.text for m in clusters[0].everyone())
+        ("rep", 4, 2, 1), ("earlier", 2, 0, 1), ("rep2", 2, 1, 0)]
+    assert (clusters.count, clusters.held) == (3, 7)
+    assert clusters[1].representative is None
+    assert clusters[0].representative == "http://a.test/mill"
+    assert [c.id for c in find_clusters(corpus, removed, top=2)] == ["rep", "earlier"]
+    assert find_clusters(corpus, removed, top=2).count == 3  # the count is of every cluster, not the top
+    cluster = find_cluster(corpus, removed, "copy-of")
+    assert {m.id for m in cluster.members} == {"near", "copy", "copy-of-near"}
+    load_texts(cluster, corpus, removed)
+    assert all(m.text for m in cluster.everyone())
 
 
 def test_removed_corpus_missing_is_a_clear_error(tmp_path) -> None:
@@ -166,8 +191,8 @@ def test_clusters_command_lists_and_shows_side_by_side(dedup_output, capsys) -> 
     corpus_url, _ = dedup_output
     code, out, _ = run_cli([corpus_url, "--json"], capsys)
     listed = json.loads(out)
-    assert code == 0 and [c["cluster_id"] for c in listed] == ["rep", "rep2", "earlier"]
-    assert listed[2]["representative"] is None
+    assert code == 0 and [c["cluster_id"] for c in listed] == ["rep", "earlier", "rep2"]
+    assert listed[1]["representative"] is None
     assert listed[0]["min_similarity"] == 0.84 and listed[0]["domains"] == ["a.test", "mirror.test", "wire.test"]
     code, out, _ = run_cli([corpus_url, "--show", "copy-of", "--width", "120"], capsys)  # a member's id prefix
     assert code == 0
@@ -205,7 +230,7 @@ def test_write_report_finds_the_removed_corpus(dedup_output, tmp_path) -> None:
     corpus_url, _ = dedup_output
     path = write_report(corpus_url, str(tmp_path / "r.html"))
     page = open(path, encoding="utf-8").read()
-    assert 'id="chart-similarity"' in page and "Lowest near-duplicate similarity: 0.840" in page
+    assert 'id="chart-similarity"' in page and "Lowest near-duplicate similarity bin: 0.84" in page
 
 
 def test_side_by_side_marks_moved_paragraphs_once_per_side() -> None:

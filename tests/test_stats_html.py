@@ -32,8 +32,10 @@ def test_stats_html_writes_the_report_of_a_real_corpus(tmp_path: Path, capsys: p
     html = page.read_text(encoding="utf-8")
     assert html.startswith("<!DOCTYPE html>") and "<script" not in html
     charts = set(re.findall(r'<figure class="chart" id="([^"]+)"', html))
-    assert charts == {"chart-funnel", "chart-cluster-sizes", "chart-similarity", "chart-domains", "chart-languages",
-                      "chart-sources", "chart-stages"}
+    assert charts == {"chart-funnel", "chart-cluster-sizes", "chart-similarity", "chart-pairs", "chart-lengths",
+                      "chart-tokens", "chart-domains", "chart-languages", "chart-sources", "chart-stages"}
+    pairs = json.loads((out / "manifest.json").read_text())["extra"]["pairs"]
+    assert f"{pairs['floor']:g}, by estimate" in html  # the stored pairs, drawn down to the floor
     docs = stats["documents"]
     assert docs["exact_duplicate"] > 0 and docs["near_duplicate"] > 0
     assert f"{docs['near_duplicate']} near duplicates removed" in html

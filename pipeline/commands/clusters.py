@@ -1,7 +1,9 @@
-"""``gristmill clusters CORPUS``: the largest duplicate clusters, and one cluster side by side with diffs.
+"""``gristmill clusters CORPUS``: the largest duplicate clusters, one cluster side by side with diffs, and
+``--what-if T``: the funnel recut at another threshold from the job's stored candidate pairs.
 
-Needs the job's removed documents (``gristmill dedup --removed``); the text layout is
-:mod:`pipeline.report.cluster_text`.
+Listing and showing need the job's removed documents (``gristmill dedup --removed``) and stream them a
+row group at a time (:mod:`pipeline.report.duplicates`); the text layout is
+:mod:`pipeline.report.cluster_text`, the what-if :mod:`pipeline.report.what_if`.
 """
 
 from __future__ import annotations
@@ -13,26 +15,33 @@ import sys
 
 import pyarrow as pa
 
+from pipeline.commands import options
 from pipeline.format import Corpus, CorpusError
-from pipeline.report.cluster_text import cluster_summary, render_cluster, render_list
+
+
+def threshold(text: str) -> float:
+    """``type=`` for ``--what-if``: a similarity in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a similarity in (0, 1]")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("corpus", help="corpus folder or URL written by gristmill dedup")
     parser.add_argument("--removed", metavar="CORPUS2", help="the job's removed documents (default: the folder "
                         "its manifest names)")
-    parser.add_argument("--top", type=int, default=20, help="clusters to list (default 20)")
+    parser.add_argument("--top", type=int, default=20, help="clusters to list (default: %(default)s)")
     parser.add_argument("--show", metavar="ID", help="print this cluster: a cluster id, a member's document id, "
-                        "or a unique prefix of either")
+                        "or a unique prefix of either (default: list the largest clusters)")
     parser.add_argument("--width", type=int, default=None, help="output width (default: the terminal's)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-
-
-def _open(args: argparse.Namespace) -> tuple[Corpus, Corpus]:
-    from pipeline.report.duplicates import open_removed
-
-    corpus = Corpus.open(args.corpus)
-    return corpus, open_removed(corpus, args.removed)
+    parser.add_argument("--what-if", type=threshold, metavar="THRESHOLD", dest="what_if",
+                        help="recut the clusters at this similarity threshold from the job's stored candidate pairs "
+                        "and print how the funnel would change, without re-running (default: off)")
+    options.add_output_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,25 +56,35 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pipeline.report.duplicates import find_cluster, find_clusters, load_texts
+    from pipeline.report.cluster_text import cluster_summary, render_cluster, render_list
+    from pipeline.report.duplicates import find_cluster, find_clusters, load_texts, open_removed
+    from pipeline.report.progress_lines import Progress
 
-    corpus, removed = _open(args)
-    clusters = find_clusters(corpus, removed)
+    corpus = Corpus.open(args.corpus)
+    if args.what_if is not None:
+        from pipeline.report.what_if import render_what_if, what_if
+
+        result = what_if(corpus, args.what_if, quiet=args.quiet)
+        print(json.dumps(result, indent=2) if args.json else render_what_if(result))
+        return 0
+    removed = open_removed(corpus, args.removed)
     width = args.width or max(60, min(200, shutil.get_terminal_size((140, 40)).columns))
     if args.show is None:
+        with Progress("clusters: removed rows scanned", removed.num_rows, "rows", quiet=args.quiet) as progress:
+            clusters = find_clusters(corpus, removed, args.top, progress)
         if args.json:
-            print(json.dumps([cluster_summary(c) for c in clusters[:args.top]], indent=2, ensure_ascii=False))
+            print(json.dumps([cluster_summary(c) for c in clusters], indent=2, ensure_ascii=False))
         else:
             print(render_list(clusters, args.top, corpus.num_rows + removed.num_rows))
         return 0
     try:
-        cluster = find_cluster(clusters, args.show)
+        cluster = find_cluster(corpus, removed, args.show)
     except LookupError as exc:
         print(f"gristmill clusters: {exc}", file=sys.stderr)
         return 1
     load_texts(cluster, corpus, removed)
     if args.json:
-        print(json.dumps({**cluster_summary(cluster), "members": [vars(m) for m in cluster.everyone()]},
+        print(json.dumps({**cluster_summary(cluster.figures()), "members": [vars(m) for m in cluster.everyone()]},
                          indent=2, ensure_ascii=False))
     else:
         print(render_cluster(cluster, width))

@@ -134,26 +134,23 @@ def text_ratio(old: str, new: str) -> float:
     return difflib.SequenceMatcher(None, _tokens(old), _tokens(new), autojunk=False).ratio()
 
 
-def cluster_summary(cluster: Any) -> dict[str, Any]:
-    """One cluster's figures, for the list and for ``--json``."""
-    rep = cluster.representative
-    sims = [m.similarity for m in cluster.members if m.removed_as == "near_duplicate" and m.similarity is not None]
-    return {"cluster_id": cluster.id, "size": cluster.size, "exact_duplicates": cluster.exact,
-            "near_duplicates": cluster.near, "min_similarity": min(sims) if sims else None,
-            "representative": rep.source if rep else None,
-            "domains": sorted({m.domain for m in cluster.everyone() if m.domain})}
+def cluster_summary(figures: Any) -> dict[str, Any]:
+    """One cluster's figures (``duplicates.ClusterFigures``), for the list and for ``--json``."""
+    return {"cluster_id": figures.id, "size": figures.size, "exact_duplicates": figures.exact,
+            "near_duplicates": figures.near, "min_similarity": figures.min_similarity,
+            "representative": figures.representative, "domains": sorted(figures.domains)}
 
 
-def render_list(clusters: list[Any], top: int, total_docs: int) -> str:
-    """The ``top`` largest clusters, one line each, with how many documents they hold of ``total_docs``."""
-    lines = [f"{len(clusters):,} clusters with removed members, holding "
-             f"{sum(c.size for c in clusters):,} of {total_docs:,} documents; the largest {min(top, len(clusters))}:",
+def render_list(clusters: Any, top: int, total_docs: int) -> str:
+    """The ``top`` largest clusters (a ``duplicates.Listing``), one line each, with how many documents
+    all clusters hold of ``total_docs``."""
+    lines = [f"{clusters.count:,} clusters with removed members, holding "
+             f"{clusters.held:,} of {total_docs:,} documents; the largest {min(top, len(clusters))}:",
              f"{'#':>3}  {'cluster id':<32}  {'size':>4}  {'exact':>5}  {'near':>4}  {'min sim':>7}  representative"]
     for rank, cluster in enumerate(clusters[:top], start=1):
-        s = cluster_summary(cluster)
-        sim = f"{s['min_similarity']:.3f}" if s["min_similarity"] is not None else "-"
-        lines.append(f"{rank:>3}  {cluster.id:<32}  {s['size']:>4}  {s['exact_duplicates']:>5}  "
-                     f"{s['near_duplicates']:>4}  {sim:>7}  {s['representative'] or '(in an earlier corpus)'}")
+        sim = f"{cluster.min_similarity:.3f}" if cluster.min_similarity is not None else "-"
+        lines.append(f"{rank:>3}  {cluster.id:<32}  {cluster.size:>4}  {cluster.exact:>5}  "
+                     f"{cluster.near:>4}  {sim:>7}  {cluster.representative or '(in an earlier corpus)'}")
     lines.append("Show one with: gristmill clusters CORPUS --show CLUSTER_ID")
     return "\n".join(lines)
 

@@ -1,23 +1,27 @@
 """The removed documents of a dedup run, regrouped into clusters around the document each one lost to.
 
 ``gristmill dedup --removed CORPUS2`` writes every removed row with ``removed_as`` (exact or near),
-``duplicate_of`` (the id it lost to) and ``similarity`` (estimated Jaccard to it; 1.0 for exact
-copies). An exact copy of a document that was itself removed as a near duplicate points at that
-document, so a cluster is found by following ``duplicate_of`` until it reaches a kept row: the
-cluster's representative. Used by ``gristmill clusters`` and the HTML report. Holds the removed rows'
-metadata (not their text) in memory; texts are read only for the clusters asked for.
+``duplicate_of`` (the id it lost to), ``similarity`` (estimated Jaccard to it; 1.0 for exact copies)
+and ``cluster_id`` (its cluster's representative, the kept row, also for an exact copy of a document
+removed as a near duplicate). Used by ``gristmill clusters`` and the HTML report. Every function
+streams a row group at a time: listing the largest clusters holds ``top`` clusters' figures and 8
+bytes per cluster id, showing one holds that cluster's members; texts are read only from the row
+groups holding a member (at 90 k removed documents the whole-table version held 233 MB).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import xxhash
 
 from pipeline.format import JOB_FINGERPRINT_KEY, Corpus, CorpusError
+from pipeline.report.progress_lines import Progress
 
 REMOVED_COLUMNS = ("removed_as", "duplicate_of", "similarity")
 _META = ["id", "source", "domain", "language"]
@@ -64,6 +68,13 @@ class Cluster:
     def everyone(self) -> list[Member]:
         return ([self.representative] if self.representative else []) + self.members
 
+    def figures(self) -> ClusterFigures:
+        """The cluster as the list shows it."""
+        near = [m.similarity for m in self.members if m.removed_as == "near_duplicate" and m.similarity is not None]
+        return ClusterFigures(self.id, self.size, self.exact, self.near, min(near) if near else None,
+                              self.representative.source if self.representative else None,
+                              {m.domain for m in self.everyone() if m.domain})
+
 
 def open_removed(corpus: Corpus, removed_url: str | None = None) -> Corpus:
     """The removed-documents corpus of ``corpus``: ``removed_url`` if given, else the one its job wrote.
@@ -94,63 +105,161 @@ def open_removed(corpus: Corpus, removed_url: str | None = None) -> Corpus:
     return removed
 
 
-def removed_similarities(removed: Corpus) -> tuple[list[float], list[str]]:
-    """(similarity, removed_as) of every removed document: the distribution the report plots."""
-    table = removed.to_table(["similarity", "removed_as"])
-    return ([float("nan") if v is None else float(v) for v in table["similarity"].to_pylist()],
-            [str(v) for v in table["removed_as"].to_pylist()])
+def row_groups(corpus: Corpus, columns: list[str]) -> Iterator[pa.Table]:
+    """Every row group of ``corpus`` (``columns`` only), one at a time: what a pass holds is one row group."""
+    for shard in corpus.shards:
+        with corpus.fs.open(corpus.shard_path(shard), "rb") as handle:
+            parquet = pq.ParquetFile(handle)
+            for group in range(parquet.num_row_groups):
+                yield parquet.read_row_group(group, columns=columns, use_threads=False)
 
 
-def _root(start: str, parent: dict[str, str]) -> str:
-    node, seen = start, set()
-    while node in parent and node not in seen:
-        seen.add(node)
-        node = parent[node]
-    return node
+SIMILARITY_BIN = 0.02  # width of a similarity histogram bin
 
 
-def _members(table: pa.Table) -> Iterable[Member]:
-    columns = {name: table[name].to_pylist() for name in table.column_names}
-    for index in range(table.num_rows):
-        yield Member(**{name: values[index] for name, values in columns.items()})
+def similarity_grid(similarity: np.ndarray, width: float = SIMILARITY_BIN) -> np.ndarray:
+    """How many of ``similarity`` (NaN skipped) fall in each bin of ``width`` over [0, 1] (1.0 in the last)."""
+    bins = int(round(1 / width))
+    finite = similarity[~np.isnan(similarity)]
+    return np.bincount(np.clip((finite / width + 1e-9).astype(np.int64), 0, bins - 1), minlength=bins)
 
 
-def find_clusters(corpus: Corpus, removed: Corpus) -> list[Cluster]:
-    """Every cluster with at least one removed member, largest first (ties by representative id)."""
-    table = removed.to_table([*_META, *REMOVED_COLUMNS])
-    parent = {i: d for i, d in zip(table["id"].to_pylist(), table["duplicate_of"].to_pylist(), strict=True) if d}
-    groups: dict[str, list[Member]] = defaultdict(list)
-    for member in _members(table):
-        groups[_root(member.id, parent)].append(member)
-    kept = corpus.to_table(_META) if corpus is not removed else pa.table({c: pa.array([], pa.string()) for c in _META})
-    kept = kept.filter(pc.is_in(kept["id"], value_set=pa.array(list(groups), pa.string())))
-    representatives = {m.id: m for m in _members(kept)}
-    clusters = [Cluster(root, representatives.get(root), sorted(members, key=lambda m: (-(m.similarity or 0), m.id)))
-                for root, members in groups.items()]
-    clusters.sort(key=lambda c: (-c.size, c.id))
-    return clusters
+def removed_similarities(removed: Corpus, progress: Progress | None = None) -> dict[str, np.ndarray]:
+    """Per ``removed_as``: :func:`similarity_grid` of the removed documents, counted a row group at a time."""
+    counts: dict[str, np.ndarray] = {}
+    for table in row_groups(removed, ["similarity", "removed_as"]):
+        similarity = table["similarity"].to_numpy(zero_copy_only=False).astype(float)
+        kinds = table["removed_as"].to_numpy(zero_copy_only=False)
+        for kind in {str(k) for k in kinds}:
+            grid = similarity_grid(similarity[kinds == kind])
+            counts[kind] = counts[kind] + grid if kind in counts else grid
+        if progress is not None:
+            progress.update(table.num_rows)
+    return counts
 
 
-def find_cluster(clusters: list[Cluster], wanted: str) -> Cluster:
-    """The cluster whose id, or one of whose members' ids, is ``wanted`` or starts with it."""
-    exact = [c for c in clusters if wanted in {m.id for m in c.everyone()} | {c.id}]
-    if exact:
-        return exact[0]
-    matches = [c for c in clusters if c.id.startswith(wanted) or any(m.id.startswith(wanted) for m in c.everyone())]
-    if len(matches) == 1:
-        return matches[0]
-    if not matches:
-        raise LookupError(f"no cluster has a document whose id is or starts with {wanted!r}")
-    raise LookupError(f"{wanted!r} is a prefix of ids in {len(matches)} clusters; give more of it")
+def _id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """64-bit hashes of distinct ids: 8 bytes a cluster for counting them (a collision needs ~4 G clusters)."""
+    distinct = pc.unique(ids).drop_null().to_pylist()
+    return np.fromiter((xxhash.xxh3_64_intdigest(value.encode()) for value in distinct), np.uint64, len(distinct))
+
+
+@dataclass
+class ClusterFigures:
+    """One cluster as the list shows it, from aggregates: no member is held."""
+
+    id: str
+    size: int  # documents, the representative and exact copies included (the job's cluster_size)
+    exact: int = 0
+    near: int = 0
+    min_similarity: float | None = None
+    representative: str | None = None  # its source; None when it is not in this corpus (--against)
+    domains: set[str] = field(default_factory=set)
+
+
+class Listing(list):  # type: ignore[type-arg]
+    """The largest clusters, plus ``count`` (clusters with removed members in all) and ``held``
+    (documents those clusters hold in this corpus and its removed corpus)."""
+
+    count: int = 0
+    held: int = 0
+
+
+def find_clusters(corpus: Corpus, removed: Corpus, top: int | None = None,
+                  progress: Progress | None = None) -> Listing:
+    """The ``top`` largest clusters with a removed member (every one with None), largest first (ties by
+    id), streamed: pass 1 keeps the ``top`` sizes and a hash per cluster id, pass 2 adds up the chosen
+    clusters' members, a pass over the kept corpus finds their representatives. Memory: ``top``
+    clusters, one row group, 8 bytes per cluster id."""
+    best: dict[str, int] = {}
+    hashes: list[np.ndarray] = []
+    for table in row_groups(removed, ["cluster_id", "cluster_size"]):
+        sizes = table.group_by("cluster_id").aggregate([("cluster_size", "max")])
+        best.update(zip(sizes["cluster_id"].to_pylist(), sizes["cluster_size_max"].to_pylist(), strict=True))
+        if top is not None and len(best) > top:
+            best = dict(sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:top])
+        hashes.append(_id_hashes(table["cluster_id"]))
+        if sum(h.size for h in hashes) > 2 * hashes[0].size:
+            hashes = [np.unique(np.concatenate(hashes))]
+        if progress is not None:
+            progress.update(table.num_rows)
+    chosen = {key: ClusterFigures(key, int(size)) for key, size in best.items()}
+    wanted = pa.array(list(chosen), pa.string())
+    for table in _matching(removed, ["cluster_id", "removed_as", "similarity", "domain"], "cluster_id", wanted):
+        for row in table.to_pylist():
+            figures = chosen[row["cluster_id"]]
+            figures.exact += row["removed_as"] == "exact_duplicate"
+            if row["removed_as"] == "near_duplicate":
+                figures.near += 1
+                if row["similarity"] is not None and (figures.min_similarity is None
+                                                      or row["similarity"] < figures.min_similarity):
+                    figures.min_similarity = row["similarity"]
+            figures.domains.update([row["domain"]] if row["domain"] else [])
+    listing = Listing(sorted(chosen.values(), key=lambda c: (-c.size, c.id)))
+    listing.count = int(np.unique(np.concatenate(hashes)).size) if hashes else 0
+    listing.held = removed.num_rows
+    if corpus is not removed:
+        for table in row_groups(corpus, ["id", "source", "domain", "cluster_size", "is_representative"]):
+            representatives = table.filter(pc.and_(pc.greater(table["cluster_size"], 1),
+                                                   pc.fill_null(table["is_representative"], False)))
+            listing.held += representatives.num_rows
+            for row in representatives.filter(pc.is_in(representatives["id"], value_set=wanted)).to_pylist():
+                chosen[row["id"]].representative = row["source"]
+                chosen[row["id"]].domains.update([row["domain"]] if row["domain"] else [])
+    return listing
+
+
+def _matching(source: Corpus, columns: list[str], column: str, wanted: pa.Array) -> Iterator[pa.Table]:
+    """``columns`` of the rows of ``source`` whose ``column`` is in ``wanted``, a row group at a time."""
+    for table in row_groups(source, list(dict.fromkeys([*columns, column]))):
+        yield table.filter(pc.is_in(table[column], value_set=wanted)).select(columns)
+
+
+def find_cluster(corpus: Corpus, removed: Corpus, wanted: str) -> Cluster:
+    """The cluster whose id, or one of whose members' ids, is ``wanted`` or starts with it, with its members
+    (texts not read): a pass over the removed corpus's ids, then its rows of that cluster."""
+    exact: str | None = None
+    prefixed: set[str] = set()
+    for table in row_groups(removed, ["id", "cluster_id"]):
+        for column in ("cluster_id", "id"):
+            hits = table.filter(pc.equal(table[column], wanted))
+            if hits.num_rows:
+                exact = hits["cluster_id"][0].as_py()
+                break
+            if len(prefixed) < 2:
+                prefixed.update(table.filter(pc.starts_with(table[column], wanted))["cluster_id"].to_pylist())
+        if exact is not None:
+            break
+    if exact is None and len(prefixed) != 1:
+        if not prefixed:
+            raise LookupError(f"no cluster has a document whose id is or starts with {wanted!r}")
+        raise LookupError(f"{wanted!r} is a prefix of ids in more than one cluster; give more of it")
+    cluster_id = exact if exact is not None else prefixed.pop()
+    key = pa.array([cluster_id], pa.string())
+    members = [Member(**row) for table in _matching(removed, [*_META, *REMOVED_COLUMNS], "cluster_id", key)
+               for row in table.to_pylist()]
+    representative = None
+    if corpus is not removed:
+        found = [Member(**row) for table in _matching(corpus, _META, "id", key) for row in table.to_pylist()]
+        representative = found[0] if found else None
+    members.sort(key=lambda m: (-(m.similarity or 0), m.id))
+    return Cluster(cluster_id, representative, members)
 
 
 def load_texts(cluster: Cluster, corpus: Corpus, removed: Corpus) -> None:
-    """Fill in ``text`` for every member of ``cluster`` (reads only the text of those rows)."""
+    """Fill in ``text`` for every member of ``cluster``: ids are read a row group at a time, and text
+    only from the row groups holding a member."""
     wanted = pa.array([m.id for m in cluster.everyone()], pa.string())
     texts: dict[str, str] = {}
     for source in {id(corpus): corpus, id(removed): removed}.values():
-        for table in source.iter_tables(["id", "text"]):
-            hits = table.filter(pc.is_in(table["id"], value_set=wanted))
-            texts.update(zip(hits["id"].to_pylist(), hits["text"].to_pylist(), strict=True))
+        for shard in source.shards:
+            with source.fs.open(source.shard_path(shard), "rb") as handle:
+                parquet = pq.ParquetFile(handle)
+                for group in range(parquet.num_row_groups):
+                    ids = parquet.read_row_group(group, columns=["id"], use_threads=False)["id"]
+                    if pc.any(pc.is_in(ids, value_set=wanted)).as_py():
+                        table = parquet.read_row_group(group, columns=["id", "text"], use_threads=False)
+                        hits = table.filter(pc.is_in(table["id"], value_set=wanted))
+                        texts.update(zip(hits["id"].to_pylist(), hits["text"].to_pylist(), strict=True))
     for member in cluster.everyone():
         member.text = texts.get(member.id)

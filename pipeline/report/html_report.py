@@ -1,10 +1,13 @@
 """A self-contained HTML report of a corpus's dedup statistics: charts a person would rather look at.
 
 Why inline SVG drawn here rather than a charting library: the report must open anywhere, offline,
-years later (no CDN, no script, no network), and the charts are simple bars. One file holds the
-funnel (in -> exact -> near -> rejected -> kept), the cluster-size histogram, the duplicate rate by
-domain and by language, the similarity distribution of removed documents (from the ``--removed``
-corpus, when the job kept one) and the stage timings, with the numbers in tables beside them.
+years later (no CDN, no script, no network), and the charts are simple bars. One file holds, for
+crawled input, the crawl's URL outcomes first; then the funnel (in -> exact -> near -> rejected ->
+kept), the cluster-size histogram, the similarity distribution of removed documents (from the
+``--removed`` corpus, when the job kept one), every stored candidate pair by similarity (below the
+threshold too: what a lower one would catch), the kept documents' lengths in characters and words,
+the duplicate rate by domain and by language, and the stage timings, with the numbers in tables
+beside them. A chart whose counts span two orders of magnitude is drawn on a log scale.
 
 ``python -m pipeline.report.html_report CORPUS -o report.html`` writes one; ``write_report`` is the same in Python.
 """
@@ -16,16 +19,23 @@ import html
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import pyarrow.compute as pc
+
+from pipeline.report.duplicates import SIMILARITY_BIN
+from pipeline.report.progress_lines import Progress
 from pipeline.report.stats_text import human_bytes, key_count
 
 OUTCOMES = ("kept", "exact_duplicate", "near_duplicate", "rejected")
 LABELS = {"kept": "kept", "exact_duplicate": "exact duplicate", "near_duplicate": "near duplicate",
-          "rejected": "rejected"}
+          "rejected": "rejected", "linked": "linked (at or above the threshold)",
+          "below": "below the threshold (kept apart)", "documents": "documents"}
 PLURALS = {"exact_duplicate": "exact duplicates", "near_duplicate": "near duplicates", "rejected": "rejected"}
 COLORS = {"kept": "#2e7d32", "exact_duplicate": "#1565c0", "near_duplicate": "#ef6c00", "rejected": "#c62828",
-          "bar": "#5e35b1", "remaining": "#90a4ae"}
+          "bar": "#5e35b1", "documents": "#5e35b1", "remaining": "#90a4ae", "linked": "#ef6c00", "below": "#b0bec5"}
 WIDTH = 760
 TOP = 12
 
@@ -134,27 +144,47 @@ def _nice_step(raw: float) -> int:
     return step
 
 
+def spans_orders(values: Sequence[float], orders: float = 2) -> bool:
+    """True when the nonzero ``values`` span ``orders`` powers of ten or more: then a log scale shows the small ones."""
+    nonzero = [v for v in values if v > 0]
+    return bool(nonzero) and max(nonzero) >= 10 ** orders * min(nonzero)
+
+
 def _vertical_bars(bins: Sequence[tuple[str, Mapping[str, int]]], series: Sequence[str], label: str,
-                   x_title: str, marker: tuple[float, str] | None = None) -> str:
-    """Stacked vertical bars; ``marker`` draws a dashed line at a fraction of the x axis."""
-    height, top, bottom, left = 260, 16, 44, 48
+                   x_title: str, marker: tuple[float, str] | None = None, log: bool | None = None) -> str:
+    """Stacked vertical bars; ``marker`` draws a dashed line at a fraction of the x axis. ``log`` (default:
+    when the bar heights span two orders of magnitude) scales heights by log10(1 + count), each bar split
+    among its series in proportion to their counts (the tooltips keep the exact counts)."""
+    height, top, bottom, left = 260, 16, 44, 56
     plot_w, plot_h = WIDTH - left - 16, height - top - bottom
-    highest = max((sum(counts.get(s, 0) for s in series) for _, counts in bins), default=0)
-    tick_step = _nice_step(highest / 5)
-    ticks = max(1, math.ceil(highest / tick_step))
-    peak = ticks * tick_step
-    step = plot_w / max(len(bins), 1)
+    totals = [sum(counts.get(s, 0) for s in series) for _, counts in bins]
+    highest = max(totals, default=0)
+    log = spans_orders(totals) if log is None else log
     body = [f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#90a4ae"/>']
-    for tick in range(ticks + 1):
-        y = top + plot_h - plot_h * tick / ticks
+    if log:
+        peak = math.log10(1 + max(highest, 1))
+        ticks = [0] + [10 ** k for k in range(int(math.floor(peak)) + 1)]
+
+        def scale(count: float) -> float:
+            return plot_h * math.log10(1 + count) / peak
+    else:
+        tick_step = _nice_step(highest / 5)
+        ticks = [tick * tick_step for tick in range(max(1, math.ceil(highest / tick_step)) + 1)]
+
+        def scale(count: float) -> float:
+            return plot_h * count / ticks[-1]
+    for tick in ticks:
+        y = top + plot_h - scale(tick)
         body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#eceff1"/>')
-        body.append(_text(left - 6, y + 4, f"{tick * tick_step:,}", "end"))
+        body.append(_text(left - 6, y + 4, f"{tick:,}", "end"))
+    step = plot_w / max(len(bins), 1)
     every = max(1, math.ceil(len(bins) / 16))
-    for index, (name, counts) in enumerate(bins):
+    for index, ((name, counts), total) in enumerate(zip(bins, totals, strict=True)):
         x = left + index * step + step * 0.12
         y = top + plot_h
+        whole = scale(total)
         for s in series:
-            h = plot_h * counts.get(s, 0) / peak
+            h = whole * counts.get(s, 0) / total if total else 0
             if h > 0:
                 y -= h
                 body.append(_rect(x, y, step * 0.76, h, COLORS[s], f"{name}: {counts.get(s, 0):,} {LABELS.get(s, s)}"))
@@ -165,8 +195,8 @@ def _vertical_bars(bins: Sequence[tuple[str, Mapping[str, int]]], series: Sequen
         body.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" stroke="#263238" '
                     'stroke-dasharray="5,4"/>')
         body.append(_text(x + 4, top + 12, marker[1]))
-    body.append(_text(left + plot_w / 2, height - 6, x_title, "middle"))
-    return _svg(height, body, label)
+    body.append(_text(left + plot_w / 2, height - 6, x_title + (" · log scale" if log else ""), "middle"))
+    return _svg(height, body, label + (" (log scale)" if log else ""))
 
 
 def cluster_size_bins(cluster_sizes: Mapping[str, int]) -> list[tuple[str, dict[str, int]]]:
@@ -190,30 +220,64 @@ def cluster_chart(cluster_sizes: Mapping[str, int]) -> str:
                           "cluster size (documents, representative included)")
 
 
-def similarity_bins(similarities: Sequence[float], removed_as: Sequence[str], threshold: float,
-                    width: float = 0.02) -> tuple[list[tuple[str, dict[str, int]]], float]:
-    """Histogram of removed documents' similarity to their representative, from just below the threshold to 1.
-
-    Returns the bins and where the threshold falls on the axis (0..1) for the marker line.
-    """
-    finite = [s for s in similarities if not math.isnan(s)]
-    low = math.floor(min([threshold - 0.1, *finite]) / width) * width
-    count = max(1, round((1.0 - low) / width))
-    bins = [{"exact_duplicate": 0, "near_duplicate": 0} for _ in range(count)]
-    for similarity, kind in zip(similarities, removed_as, strict=True):
-        if math.isnan(similarity) or kind not in bins[0]:
-            continue
-        index = min(count - 1, int((similarity - low) / width + 1e-9))
-        bins[index][kind] += 1
-    named = [(f"{low + i * width:.2f}", b) for i, b in enumerate(bins)]
-    return named, (threshold - low) / (1.0 - low + 1e-12)
+def similarity_bins(grids: Mapping[str, Sequence[int]], threshold: float,
+                    width: float = SIMILARITY_BIN) -> tuple[list[tuple[str, dict[str, int]]], float]:
+    """Histogram bins (``duplicates.similarity_grid`` per series) from just below the threshold, or the
+    lowest counted bin, to 1. Returns the bins and where the threshold falls on the axis (0..1)."""
+    size = int(round(1 / width))
+    counted = [i for grid in grids.values() for i, count in enumerate(grid) if count]
+    first = min([math.floor((threshold - 0.1) / width + 1e-9), *counted])
+    bins = [(f"{i * width:.2f}", {name: int(grid[i]) for name, grid in grids.items()}) for i in range(first, size)]
+    low = first * width
+    return bins, (threshold - low) / (1.0 - low + 1e-12)
 
 
-def similarity_chart(similarities: Sequence[float], removed_as: Sequence[str], threshold: float) -> str:
-    bins, marker = similarity_bins(similarities, removed_as, threshold)
+def similarity_chart(grids: Mapping[str, Sequence[int]], threshold: float) -> str:
+    bins, marker = similarity_bins(grids, threshold)
     return _vertical_bars(bins, ["exact_duplicate", "near_duplicate"], "similarity of removed documents",
                           "estimated Jaccard similarity to the representative (bin start)",
                           marker=(marker, f"threshold {threshold:g}"))
+
+
+def pairs_chart(grids: Mapping[str, Sequence[int]], threshold: float) -> str:
+    """Every stored candidate pair by its estimate: linked (at or above the threshold) and below it."""
+    bins, marker = similarity_bins(grids, threshold)
+    return _vertical_bars(bins, ["linked", "below"], "candidate pairs by estimated similarity",
+                          "estimated Jaccard similarity of a candidate pair (bin start)",
+                          marker=(marker, f"threshold {threshold:g}"))
+
+
+def log2_bins(counts: Sequence[int]) -> list[tuple[str, dict[str, int]]]:
+    """``counts[k]`` documents of 2^k up to (not including) 2^(k+1) (k = 0 also holds 0), named ``2^k-2^(k+1)``,
+    from the first to the last nonzero bin."""
+    nonzero = [k for k, count in enumerate(counts) if count]
+    if not nonzero:
+        return []
+
+    def short(value: int) -> str:
+        return f"{value >> 20}M" if value >= 1 << 20 else f"{value >> 10}k" if value >= 1 << 10 else str(value)
+
+    return [(f"{short(1 << k)}-{short(1 << (k + 1))}", {"documents": int(counts[k])})
+            for k in range(nonzero[0], nonzero[-1] + 1)]
+
+
+def horizontal_bars(rows: Sequence[tuple[str, int]], label: str, color: str = "bar") -> str:
+    """One bar per (name, count), longest first as given; log-scaled when the counts span two orders."""
+    label_w, right_w, row_h = 190, 110, 24
+    bar_w = WIDTH - label_w - right_w
+    log = spans_orders([count for _, count in rows])
+    peak = max((count for _, count in rows), default=0) or 1
+
+    def scale(count: int) -> float:
+        return bar_w * (math.log10(1 + count) / math.log10(1 + peak) if log else count / peak)
+
+    body: list[str] = []
+    for index, (name, count) in enumerate(rows):
+        y = 6 + index * row_h
+        body.append(_text(label_w - 8, y + 14, name if len(name) <= 28 else name[:26] + "…", "end"))
+        body.append(_rect(label_w, y, scale(count), 17, COLORS[color], f"{name}: {count:,}"))
+        body.append(_text(label_w + scale(count) + 6, y + 14, f"{count:,}"))
+    return _svg(10 + len(rows) * row_h, body, label + (" (log scale)" if log else ""))
 
 
 def rate_chart(breakdown: Mapping[str, Mapping[str, int]], label: str, top: int = TOP) -> str:
@@ -299,24 +363,85 @@ def _cards(stats: Mapping[str, Any]) -> str:
                                            for v, k in cards) + "</div>"
 
 
-def render_html(stats: Mapping[str, Any], *, similarities: Sequence[float] | None = None,
-                removed_as: Sequence[str] | None = None, title: str = "gristmill corpus report",
+@dataclass
+class ReportData:
+    """What the report reads besides the statistics, each as a histogram (None: not available)."""
+
+    similarities: dict[str, np.ndarray] | None = None  # removed documents per removed_as, similarity_grid
+    pairs: dict[str, np.ndarray] | None = None  # stored candidate pairs: "linked" and "below" grids
+    pairs_floor: float = 0.0
+    lengths: np.ndarray | None = None  # kept documents per log2 bin of characters
+    tokens: np.ndarray | None = None  # kept documents per log2 bin of whitespace-separated words
+    crawl: dict[str, int] | None = None  # URL outcomes of the crawls the job read, summed
+    missing: list[str] = field(default_factory=list)  # why a chart is not there
+
+
+def _section(title: str, body: str) -> str:
+    return f"<section><h2>{_e(title)}</h2>{body}</section>"
+
+
+def _crawl_section(outcomes: Mapping[str, int], documents_in: int) -> str:
+    rows = sorted(outcomes.items(), key=lambda kv: (-kv[1], kv[0]))
+    total = sum(outcomes.values())
+    return _section("What the crawl fetched", "<div class='row'>" + _figure(
+        "chart-crawl", horizontal_bars(rows, "crawl outcomes"),
+        f"Every URL the crawl admitted, by outcome ({total:,} in all; from the crawl's manifest): HTTP statuses, "
+        f"robots.txt refusals, rejected pages. The stored pages are the {documents_in:,} documents the dedup job "
+        "read, where the funnel below starts.") + "</div>")
+
+
+def _histogram_sections(data: ReportData, threshold: float) -> list[str]:
+    sections = []
+    if data.similarities:
+        near = [i for i, count in enumerate(data.similarities.get("near_duplicate", [])) if count]
+        removed = int(sum(int(grid.sum()) for grid in data.similarities.values()))
+        caption = (f"{removed:,} removed documents by similarity to the document they lost to; the dashed "
+                   f"line is the threshold ({threshold:g}). Near duplicates piled against the threshold suggest "
+                   "raising it; none near it suggests there is room to lower it.")
+        if near:
+            caption += f" Lowest near-duplicate similarity bin: {near[0] * SIMILARITY_BIN:.2f}."
+        sections.append(_section("How similar were the removed documents?", _figure(
+            "chart-similarity", similarity_chart(data.similarities, threshold), caption,
+            ("exact_duplicate", "near_duplicate"))))
+    if data.pairs:
+        below = int(data.pairs["below"].sum())
+        sections.append(_section("What would another threshold catch?", _figure(
+            "chart-pairs", pairs_chart(data.pairs, threshold),
+            f"Every candidate pair the LSH bands proposed whose estimate reached {data.pairs_floor:g}, by estimate "
+            f"(a pair proposed by several bands counts once per band partition). {below:,} pairs fell below the "
+            f"threshold: a lower threshold would link them. `gristmill clusters CORPUS --what-if T` recuts the "
+            "clusters at T from these pairs; below the job's threshold it sees only the pairs these bands proposed.",
+            ("linked", "below"))))
+    for grid, chart_id, what in ((data.lengths, "chart-lengths", "characters"),
+                                 (data.tokens, "chart-tokens", "words (whitespace-separated: a stand-in for tokens)")):
+        bins = log2_bins(grid) if grid is not None else []
+        if bins:
+            sections.append(_section(f"Kept documents by length in {what.split(' ')[0]}", _figure(
+                chart_id, _vertical_bars(bins, ["documents"], f"kept documents by {what}",
+                                         f"{what} (power-of-two bins)"),
+                f"Kept documents by length in {what}, in power-of-two bins (a bin holds its first value up to "
+                "the next bin's).")))
+    return sections
+
+
+def render_html(stats: Mapping[str, Any], data: ReportData | None = None, *, title: str = "gristmill corpus report",
                 subtitle: str = "", top: int = TOP) -> str:
     """The whole report as one HTML string (inline CSS and SVG, no scripts, no external references).
 
-    ``stats`` is the dict ``gristmill dedup`` stores in the manifest; ``similarities``/``removed_as``
-    (one entry per removed document, from the ``--removed`` corpus) add the similarity chart.
+    ``stats`` is the dict ``gristmill dedup`` stores in the manifest; ``data`` (:func:`collect`) adds the
+    crawl outcomes, the similarity, candidate-pair, length and word-count histograms.
     """
+    data = data or ReportData()
     documents = stats.get("documents", {})
     params = stats.get("params", {})
     threshold = float(params.get("threshold", 0.8))
-    sections = [
+    sections = [_crawl_section(data.crawl, documents.get("input", 0))] if data.crawl else []
+    sections.append(
         "<section><h2>What happened to every document</h2><div class='row'>"
         + _figure("chart-funnel", funnel_chart(documents),
                   "Every input document ends in exactly one of: exact duplicate, near duplicate, rejected, kept.",
                   ("remaining", "exact_duplicate", "near_duplicate", "rejected", "kept"))
-        + _funnel_table(documents, stats) + "</div></section>",
-    ]
+        + _funnel_table(documents, stats) + "</div></section>")
     sizes = stats.get("cluster_sizes") or {}
     if sizes:
         clustered = sum(int(k) * v for k, v in sizes.items())
@@ -326,16 +451,7 @@ def render_html(stats: Mapping[str, Any], *, similarities: Sequence[float] | Non
                       f"{sum(sizes.values()):,} clusters with more than one member hold {clustered:,} documents; "
                       "one representative of each is kept. `gristmill clusters CORPUS` lists them.")
             + "</section>")
-    if similarities:
-        near = [s for s, k in zip(similarities, removed_as or [], strict=False) if k == "near_duplicate"]
-        caption = (f"{len(similarities):,} removed documents by similarity to the document they lost to; the dashed "
-                   f"line is the threshold ({threshold:g}). Near duplicates piled against the threshold suggest "
-                   "raising it; none near it suggests there is room to lower it.")
-        if near:
-            caption += f" Lowest near-duplicate similarity: {min(near):.3f}."
-        sections.append("<section><h2>How similar were the removed documents?</h2>"
-                        + _figure("chart-similarity", similarity_chart(similarities, removed_as or [], threshold),
-                                  caption, ("exact_duplicate", "near_duplicate")) + "</section>")
+    sections += _histogram_sections(data, threshold)
     for key, name, chart_id in (("by_domain", "domain", "chart-domains"), ("by_language", "language", "chart-languages"),
                                 ("by_source", "source", "chart-sources")):
         breakdown = stats.get(key) or {}
@@ -357,39 +473,110 @@ def render_html(stats: Mapping[str, Any], *, similarities: Sequence[float] | Non
                                   f"Seconds per stage of the dedup job (wall {stats.get('wall_seconds', 0):.1f} s).{note}")
                         + "</section>")
     setting = ", ".join(f"{k} {v}" for k, v in params.items() if v is not None)
+    missing = "".join(f"<p class='note'>{_e(reason)}</p>" for reason in data.missing)
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><style>{CSS}</style></head>"
             f"<body><header><h1>{_e(title)}</h1><p>{_e(subtitle)}</p></header><main>{_cards(stats)}"
-            + "".join(sections)
+            + "".join(sections) + missing
             + (f"<p class='note'>Parameters: {_e(setting)}</p>" if setting else "")
             + "</main></body></html>\n")
 
 
-def write_report(corpus_url: str, path: str, removed_url: str | None = None, top: int = TOP) -> str:
+def _log2_index(values: np.ndarray) -> np.ndarray:
+    """Power-of-two bin of each count (0 and 1 in bin 0)."""
+    return np.floor(np.log2(np.maximum(values, 1))).astype(np.int64)
+
+
+def _crawl_outcomes(corpus: Any) -> dict[str, int] | None:
+    """The URL outcomes of the raw crawls the job read (each input folder whose manifest has crawl statistics)."""
+    from pipeline.format import Corpus, CorpusError
+
+    job = corpus.manifest.extra.get("job")
+    inputs = job.get("inputs") if isinstance(job, Mapping) else None
+    outcomes: dict[str, int] = {}
+    for url in inputs if isinstance(inputs, list) else []:
+        try:
+            crawl = Corpus.open(str(url)).stats.get("crawl")
+        except (CorpusError, OSError, ValueError):
+            continue  # a file or a folder that is not a corpus: not a crawl
+        counts = crawl.get("outcomes") if isinstance(crawl, Mapping) else None
+        for kind, count in (counts.items() if isinstance(counts, Mapping) else ()):
+            if isinstance(count, int):
+                outcomes[str(kind)] = outcomes.get(str(kind), 0) + count
+    return outcomes or None
+
+
+def collect(corpus: Any, removed: Any | None, progress: Progress | None = None) -> ReportData:
+    """Every histogram the report draws, each read a row group at a time: the kept documents' lengths
+    and words, the removed documents' similarities (``removed``), the stored candidate pairs."""
+    from pipeline.format.manifest import PAIRS_KEY
+    from pipeline.format.pairs_table import PairsInfo, iter_pairs
+    from pipeline.report.duplicates import removed_similarities, row_groups, similarity_grid
+
+    data = ReportData(crawl=_crawl_outcomes(corpus))
+    lengths, words = np.zeros(64, np.int64), np.zeros(64, np.int64)
+    for table in row_groups(corpus, ["text"]):
+        lengths += np.bincount(_log2_index(pc.utf8_length(table["text"]).to_numpy(zero_copy_only=False)),
+                               minlength=64)
+        counted = pc.count_substring_regex(table["text"], pattern=r"\S+").to_numpy(zero_copy_only=False)
+        words += np.bincount(_log2_index(counted), minlength=64)
+        if progress is not None:
+            progress.update(table.num_rows)
+    data.lengths, data.tokens = lengths, words
+    if removed is not None:
+        data.similarities = removed_similarities(removed, progress)
+    if corpus.manifest.extra.get(PAIRS_KEY) is not None:
+        info = PairsInfo.of(corpus)
+        data.pairs_floor = info.floor
+        data.pairs = {"linked": np.zeros(round(1 / SIMILARITY_BIN), np.int64),
+                      "below": np.zeros(round(1 / SIMILARITY_BIN), np.int64)}
+        for table in iter_pairs(corpus, info):
+            similarity = table["matches"].to_numpy().astype(float) / info.num_perm
+            linked = similarity >= info.threshold
+            data.pairs["linked"] += similarity_grid(similarity[linked])
+            data.pairs["below"] += similarity_grid(similarity[~linked])
+            if progress is not None:
+                progress.update(table.num_rows)
+    else:
+        data.missing.append("No candidate-pairs chart: the manifest lists no pairs table (an older gristmill, or "
+                            "a job run with --no-verify).")
+    return data
+
+
+def write_report(corpus_url: str, path: str, removed_url: str | None = None, top: int = TOP,
+                 quiet: bool = False) -> str:
     """Render the report of the corpus at ``corpus_url`` (every breakdown key, from its statistics
-    table) into the local file ``path``; returns ``path``.
+    table) into the local file ``path``; returns ``path``. Progress (rows read of the kept and removed
+    corpora and the pairs table) goes to stderr unless ``quiet``.
 
     The similarity chart needs the removed documents (``--removed`` of the dedup job); without them
     the report has every other chart and says where the similarity chart went.
     """
     from pipeline.format import Corpus, CorpusError
+    from pipeline.format.pairs_table import PairsInfo
     from pipeline.format.stats_table import full_stats
-    from pipeline.report.duplicates import open_removed, removed_similarities
+    from pipeline.report.duplicates import open_removed
 
     corpus = Corpus.open(corpus_url)
     stats = full_stats(corpus)
     if not stats:
         raise CorpusError(f"{corpus_url}: the manifest holds no statistics (not written by gristmill dedup)")
-    similarities: list[float] | None = None
-    kinds: list[str] | None = None
     subtitle = f"{corpus_url} · committed {corpus.manifest.created}"
+    removed = None
     try:
-        similarities, kinds = removed_similarities(open_removed(corpus, removed_url))
+        removed = open_removed(corpus, removed_url)
     except CorpusError as exc:
         if removed_url is not None:
             raise
         subtitle += f" · no similarity chart: {exc}"
-    page = render_html(stats, similarities=similarities, removed_as=kinds, subtitle=subtitle, top=top)
+    try:
+        pairs = PairsInfo.of(corpus).rows
+    except CorpusError:
+        pairs = 0
+    total = corpus.num_rows + (removed.num_rows if removed is not None else 0) + pairs
+    with Progress("stats --html: rows read", total, "rows", quiet=quiet) as progress:
+        data = collect(corpus, removed, progress)
+    page = render_html(stats, data, subtitle=subtitle, top=top)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(page)
     return path
@@ -401,11 +588,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
     parser.add_argument("--removed", help="the job's removed-documents corpus (default: the one its manifest names)")
     parser.add_argument("--top", type=int, default=TOP, help=f"rows per breakdown (default {TOP})")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
     from pipeline.format import CorpusError
 
     try:
-        print(write_report(args.corpus, args.output, args.removed, args.top))
+        print(write_report(args.corpus, args.output, args.removed, args.top, quiet=args.quiet))
     except CorpusError as exc:
         print(f"report: {exc}", file=sys.stderr)
         return 2
