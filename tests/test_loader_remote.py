@@ -327,3 +327,53 @@ def test_a_device_this_machine_lacks_is_a_clear_error(few_blocks: str) -> None:
         StreamingDataLoader(dataset, device="warp-drive")
     with pytest.raises(TypeError, match="device must be a torch.device or a string"):
         StreamingDataLoader(dataset, device=3.5)
+
+
+class _LinkModel:
+    """A link whose throughput grows with the reads in flight up to ``capacity`` MB/s, on a fake clock:
+    a round of ``limit`` reads of 1 MB takes ``limit / min(limit, capacity)`` seconds."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, capacity: int) -> None:
+        import loaders.concurrency as concurrency
+
+        self.now, self.capacity = 0.0, capacity
+        monkeypatch.setattr(concurrency.time, "perf_counter", lambda: self.now)
+
+    def round(self, gate: Any) -> None:
+        limit = gate.limit
+        gate._round_waited = True  # every read of the round queued for a slot: the gate was the limit
+        self.now += limit / min(limit, self.capacity)
+        for _ in range(limit):
+            gate.finished(1 << 20)
+
+
+def test_the_read_gate_doubles_while_it_pays_then_grows_by_half(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from loaders.blocks import Counters
+    from loaders.concurrency import ReadGate
+
+    link = _LinkModel(monkeypatch, capacity=17)
+    gate = ReadGate(Counters(), start=4, maximum=64)
+    limits = [gate.limit]
+    for _ in range(6):
+        link.round(gate)
+        limits.append(gate.limit)
+    assert limits[:4] == [4, 8, 16, 32]  # slow start: doubling while each round beats the best by 10 %
+    assert limits[4:] == [32] * 3  # past the link's capacity nothing pays, so nothing grows
+    link.capacity = 64  # the link got faster: a round pays again
+    link.round(gate)
+    assert gate.limit == 48  # grown by half, no longer doubling, once slow start has ended
+    link.round(gate)
+    assert gate.limit == 64  # the maximum
+    gate.throttled()
+    assert gate.limit == 32  # halved at once
+
+
+def test_opening_a_corpus_costs_two_requests(shaped: ShapedStore, few_blocks: str) -> None:
+    """The manifest and the block table, one GET each: no size-asking HEAD before them (0.1 s each at
+    100 ms to first byte, on the way to the first batch)."""
+    url = upload(shaped, few_blocks)
+    shaped.reset_stats()
+    StreamingLoader(url, batch_size=16, columns=["id"], world_size=1, rank=0, storage_options=options(shaped))
+    stats = shaped.stats()
+    assert (stats["requests"], stats["gets"]) == (2, 2)
