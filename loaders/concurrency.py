@@ -7,10 +7,14 @@ and all of them move, so the limit is found by measuring rather than by formula:
 
 - reads are counted in *rounds* of ``limit`` completed reads; a round's throughput is its bytes over its
   wall time;
-- when a round was limited by the gate (some read had to wait for a slot) and its throughput beat every
-  earlier round's by 10 %, the limit grows by half (more reads in flight paid off: grow while it pays);
+- when a round was limited by the gate (some read had to wait for a slot) and its throughput beat the
+  best round's by 10 %, the limit grows (more reads in flight paid off: grow while it pays): it doubles
+  until the first round that does not pay (slow start, so a 100 ms link is filled within a few rounds
+  rather than most of a short epoch), and grows by half after that;
+- the best throughput fades by 5 % a round, so a link that got faster (or a slow patch that lifted the
+  best too high) is probed upward again rather than never;
 - a throttling answer (503 SlowDown) halves the limit at once and forgets the best throughput, so
-  growth starts over from there (multiplicative decrease, as TCP and the S3 SDKs do);
+  growth starts over from there, by halves (multiplicative decrease, as TCP and the S3 SDKs do);
 - a round that was not limited by the gate (the byte-bounded prefetch budget or the consumer was)
   changes nothing: more slots would not have been used.
 
@@ -31,8 +35,10 @@ if TYPE_CHECKING:
     from loaders.blocks import Counters
 
 START_READS = 4  # the fixed number of fetch threads before reads followed the link
+SLOW_START_GROWTH = 2.0  # until the first round whose extra reads did not pay
 GROWTH = 1.5
 GAIN = 1.10  # a round must beat the best so far by this factor for the limit to grow
+FADE = 0.95  # the best throughput's weight after each round: old measurements count less and less
 
 
 class ReadGate:
@@ -46,6 +52,7 @@ class ReadGate:
         self._in_flight = 0
         self._busy_since = 0.0
         self._best = 0.0
+        self._slow_start = True
         self._new_round(time.perf_counter())
         counters.set(in_flight_limit=self.limit)
 
@@ -82,9 +89,12 @@ class ReadGate:
             now = time.perf_counter()
             rate = self._round_bytes / max(now - self._round_began, 1e-9)
             if self._round_waited and rate > self._best * GAIN:
-                self.limit = min(self.maximum, max(self.limit + 1, math.ceil(self.limit * GROWTH)))
+                growth = SLOW_START_GROWTH if self._slow_start else GROWTH
+                self.limit = min(self.maximum, max(self.limit + 1, math.ceil(self.limit * growth)))
                 self._cv.notify_all()
-            self._best = max(self._best, rate)
+            elif self._round_waited:
+                self._slow_start = False
+            self._best = max(self._best * FADE, rate)
             self._new_round(now)
             self.counters.set(in_flight_limit=self.limit)
 
@@ -93,5 +103,6 @@ class ReadGate:
         with self._cv:
             self.limit = max(1, self.limit // 2)
             self._best = 0.0
+            self._slow_start = False
             self._new_round(time.perf_counter())
             self.counters.set(in_flight_limit=self.limit)
