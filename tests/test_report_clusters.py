@@ -36,6 +36,8 @@ STATS = {
     "by_language": {"en": {"input": 100, "kept": 60, "exact_duplicate": 25, "near_duplicate": 10, "rejected": 5}},
     "cluster_sizes": {"2": 12, "3": 5, "7": 1},
     "stage_seconds": {"read": 1.5, "exact": 0.25},
+    "lost_to": {"b.example -> a.example": {"input": 9, "exact_duplicate": 4, "near_duplicate": 5}},
+    "survivor_policy": "domains",
     "wall_seconds": 2.0,
     "params": {"threshold": 0.8, "num_perm": 128},
 }
@@ -75,8 +77,10 @@ def test_report_is_self_contained_and_has_every_chart() -> None:
     ids = [a.get("id") for t, a in tags if t == "figure"]
     assert ids[:2] == ["chart-crawl", "chart-funnel"]  # for crawled input the crawl leads the funnel
     assert set(ids) == {"chart-crawl", "chart-funnel", "chart-cluster-sizes", "chart-similarity", "chart-pairs",
-                        "chart-lengths", "chart-tokens", "chart-domains", "chart-languages", "chart-stages"}
-    assert sum(t == "svg" for t, _ in tags) == 10
+                        "chart-lengths", "chart-tokens", "chart-domains", "chart-languages", "chart-lost-to",
+                        "chart-stages"}
+    assert sum(t == "svg" for t, _ in tags) == 11
+    assert "b.example -&gt; a.example: 9" in page and "--prefer domains" in page
     # the funnel's tooltips carry the real counts and shares
     for text in ("25 exact duplicates removed (25.0%)", "10 near duplicates removed (10.0%)", "60 kept (60.0%)",
                  "5 rejected removed (5.0%)", "65 remain"):

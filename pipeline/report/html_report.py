@@ -390,6 +390,22 @@ def _crawl_section(outcomes: Mapping[str, int], documents_in: int) -> str:
         "read, where the funnel below starts.") + "</div>")
 
 
+def _lost_to_section(lost_to: Mapping[str, Mapping[str, int]], policy: str, top: int, keys: int) -> str:
+    """Which domains lost documents to which ("loser -> survivor"), most removed first."""
+    rows = sorted(lost_to.items(), key=lambda kv: (-kv[1].get("input", 0), kv[0]))[:top]
+    table = "".join(f"<tr><td>{_e(pair)}</td><td>{counts.get('input', 0):,}</td>"
+                    f"<td>{counts.get('exact_duplicate', 0):,}</td><td>{counts.get('near_duplicate', 0):,}</td></tr>"
+                    for pair, counts in rows)
+    more = f'<p class="note">... and {keys - len(rows):,} more pairs</p>' if keys > len(rows) else ""
+    return _section("Which domains lost documents to which", "<div class='row'>" + _figure(
+        "chart-lost-to", horizontal_bars([(pair, counts.get("input", 0)) for pair, counts in rows],
+                                         "documents removed, by losing and surviving domain"),
+        f"Removed documents by the domain they came from and the domain of the copy that was kept, under the "
+        f"survivor policy --prefer {_e(policy)} (the {len(rows)} largest of {keys:,} pairs).")
+        + f"<table><tr><th>lost -> kept</th><th>removed</th><th>exact</th><th>near</th></tr>{table}</table>{more}"
+        + "</div>")
+
+
 def _histogram_sections(data: ReportData, threshold: float) -> list[str]:
     sections = []
     if data.similarities:
@@ -464,6 +480,10 @@ def render_html(stats: Mapping[str, Any], data: ReportData | None = None, *, tit
                       f"Share of each {name}'s documents kept and removed (the {min(top, len(breakdown))} largest of "
                       f"{keys:,}).", OUTCOMES)
             + _breakdown_table(breakdown, name, top, keys) + "</div></section>")
+    lost_to = stats.get("lost_to") or {}
+    if lost_to:
+        sections.append(_lost_to_section(lost_to, str(stats.get("survivor_policy", "longest")), top,
+                                         key_count(stats, "lost_to")))
     seconds = stats.get("stage_seconds") or {}
     if seconds:
         resumed = stats.get("resumed_stages") or []
