@@ -1,6 +1,7 @@
 """Fetch and decode blocks (Parquet row groups) with ranged reads, through the optional disk cache.
 
-A shard's footer is read once (one ranged read of the bytes after the last row group, cached) and
+A shard's footer is read once (one ranged read of the bytes after the last row group, kept in a
+byte-bounded cache: a 10 TB corpus has tens of thousands of shards, and an epoch touches them all) and
 checked against the manifest. A block is then one ``fs.cat_file(path, start, end)`` of exactly the
 row group's byte range (adjacent small row groups of one shard may share one read, see ``runs``),
 decoded by pyarrow from a small file-like object that serves that range and the footer. Decoding
@@ -22,6 +23,7 @@ import os
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -80,7 +82,7 @@ class Counters:
     """What a trainer can log: bytes read, blocks fetched, cache hits, retries, reads in flight, waiting."""
 
     SUMS = ("bytes_read", "blocks_fetched", "reads", "cache_hits", "retries", "throttled", "wait_seconds",
-            "read_seconds", "batches")
+            "read_seconds", "batches", "footers_dropped")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -93,6 +95,7 @@ class Counters:
         self.wait_seconds = 0.0
         self.read_seconds = 0.0
         self.batches = 0
+        self.footers_dropped = 0
         self.distinct_blocks_in_batches = 0
         self.max_in_flight = 0
         self.in_flight_limit = 0
@@ -132,6 +135,7 @@ def check_columns(corpus: Corpus, columns: list[str]) -> None:
 
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, LoaderError)
 _BACKOFF_FIRST, _BACKOFF_CAP = 0.05, 5.0
+FOOTER_CACHE_BYTES = 64 * 1024 * 1024  # footers kept per process, least recently used dropped first
 DEFAULT_EXPANSION = 4.0  # decoded bytes per stored byte assumed for a block until its shard's footer is read
 
 
@@ -170,7 +174,8 @@ class BlockSource:
         self.gate = ReadGate(self.counters, maximum=max_reads)
         self.coalesce_bytes = coalesce_bytes
         self._expansion = DEFAULT_EXPANSION
-        self._footers: dict[int, tuple[pq.FileMetaData, bytes]] = {}
+        self._footers: OrderedDict[int, tuple[pq.FileMetaData, bytes]] = OrderedDict()
+        self._footer_bytes = 0
         self._locks: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -232,10 +237,11 @@ class BlockSource:
 
     def footer(self, shard: int) -> tuple[pq.FileMetaData, bytes]:
         """The shard's Parquet metadata, read once and checked against the manifest."""
-        found = self._footers.get(shard)
-        if found is not None:
-            return found
         with self._lock:
+            found = self._footers.get(shard)
+            if found is not None:
+                self._footers.move_to_end(shard)
+                return found
             lock = self._locks.setdefault(shard, threading.Lock())
         with lock:
             found = self._footers.get(shard)
@@ -260,8 +266,20 @@ class BlockSource:
             if stored:
                 decoded = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
                 self._expansion = max(self._expansion, decoded / stored)  # over- rather than under-reserve
-            self._footers[shard] = (metadata, tail)
+            self._keep_footer(shard, (metadata, tail))
             return metadata, tail
+
+    def _keep_footer(self, shard: int, footer: tuple[pq.FileMetaData, bytes]) -> None:
+        """Cache a footer within ``FOOTER_CACHE_BYTES`` (its stored size; the parsed metadata is about as
+        big), dropping the least recently used; a dropped footer is read again when next needed."""
+        with self._lock:
+            self._footers[shard] = footer
+            self._footer_bytes += len(footer[1])
+            while self._footer_bytes > FOOTER_CACHE_BYTES and len(self._footers) > 1:
+                dropped, (_, tail) = self._footers.popitem(last=False)
+                self._footer_bytes -= len(tail)
+                self._locks.pop(dropped, None)
+                self.counters.add(footers_dropped=1)
 
     def block_nbytes(self, block: int) -> int:
         """Decoded size of a block as its footer records it (used to budget prefetch memory)."""

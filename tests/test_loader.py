@@ -557,3 +557,15 @@ def test_a_windows_blocks_are_freed_once_the_next_window_is_read(corpus: tuple[s
         previous = {block: weakref.ref(table) for block, table in window.data.items()}
         seen.append(window)
     assert len(seen) > 3 and not any(w.data for w in seen)
+
+
+def test_footers_are_kept_within_a_byte_bound(corpus: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for one footer only, every shard's footer is read again when needed: same batches."""
+    import loaders.blocks
+
+    path, _ = corpus
+    expected = ids_of(StreamingLoader(path, batch_size=16, columns=["id"], seed=5, world_size=1, rank=0))
+    monkeypatch.setattr(loaders.blocks, "FOOTER_CACHE_BYTES", 1)
+    loader = StreamingLoader(path, batch_size=16, columns=["id"], seed=5, world_size=1, rank=0)
+    assert ids_of(loader) == expected
+    assert len(loader.source._footers) == 1 and loader.counters.footers_dropped > 0
