@@ -320,8 +320,9 @@ def table(prepared: dict[str, Any], results: list[dict[str, Any]], total_mbps: f
     text_mb = prepared["text_bytes"] / 1e6
     stored = prepared["stored_bytes"]
     median = statistics.median
-    rows = ["| link | tool | workers | MB/s text | stored MB/s | vs best other | first batch s | connections "
-            "| 503s | runs |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| link | tool | workers | MB/s text | stored MB/s | vs best other | after first batch: MB/s text "
+            "| vs best other | first batch s | connections | 503s | runs |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     summary: dict[tuple[str, str, int], dict[str, float]] = {}
     keys = sorted({(r["setting"], r["tool"], r["workers"]) for r in results},
                   key=lambda k: (list(SETTINGS).index(k[0]), k[2], TOOLS.index(k[1])))
@@ -331,21 +332,29 @@ def table(prepared: dict[str, Any], results: list[dict[str, Any]], total_mbps: f
         size = stored["gristmill"] if tool.startswith("gristmill") or tool in ("pyarrow-s3fs", "raw-reads") \
             else stored[tool]
         seconds = median(r["seconds"] for r in runs)
+        # streaming alone: the epoch's text over its time after the first batch (opening excluded)
+        steady = median(text_mb / max(r["seconds"] - (r["first_batch"] or 0), 1e-9) for r in runs)
         summary[key] = {"text": text_mb / seconds if tool != "raw-reads" else 0.0, "stored": size / 1e6 / seconds,
+                        "steady": steady if tool != "raw-reads" else 0.0,
                         "first": median(r["first_batch"] or 0 for r in runs),
                         "connections": median(r["store"]["connections"] for r in runs),
                         "throttled": median(r["store"]["throttled"] for r in runs), "runs": len(runs)}
     for (setting, tool, workers), s in summary.items():
-        others = [v["text"] for (g, t, w), v in summary.items() if g == setting and w == workers
-                  and not t.startswith("gristmill") and t not in CEILINGS]
-        ratio = f"{s['text'] / max(others):.2f}×" if others and tool.startswith("gristmill") and tool not in CEILINGS \
-            else ""
+        def versus(figure: str, setting: str = setting, workers: int = workers, tool: str = tool) -> str:
+            others = [v[figure] for (g, t, w), v in summary.items() if g == setting and w == workers
+                      and not t.startswith("gristmill") and t not in CEILINGS]
+            mine = summary[(setting, tool, workers)][figure]
+            return f"{mine / max(others):.2f}×" if others and tool.startswith("gristmill") and tool not in CEILINGS \
+                else ""
+
         label = {"raw-reads": "raw-reads (link ceiling: bytes only)",
                  "gristmill-local": "gristmill-local (CPU ceiling: local disk)",
                  "gristmill-4-reads": "gristmill, max_reads=4 (as before)"}.get(tool, tool)
         text = f"{s['text']:.0f}" if tool != "raw-reads" else "–"
-        rows.append(f"| {setting} | {label} | {workers} | {text} | {s['stored']:.0f} | {ratio} | {s['first']:.3f} "
-                    f"| {s['connections']:.0f} | {s['throttled']:.0f} | {s['runs']} |")
+        steady = f"{s['steady']:.0f}" if tool != "raw-reads" else "–"
+        rows.append(f"| {setting} | {label} | {workers} | {text} | {s['stored']:.0f} | {versus('text')} | {steady} "
+                    f"| {versus('steady')} | {s['first']:.3f} | {s['connections']:.0f} | {s['throttled']:.0f} "
+                    f"| {s['runs']} |")
     cap = f"{total_mbps:.0f} MB/s in all" if total_mbps else "no total cap"
     rows.append(f"\nstored bytes: {', '.join(f'{k} {v / 1e6:.0f} MB' for k, v in stored.items())}; "
                 f"text {text_mb:.0f} MB; link: {cap}")

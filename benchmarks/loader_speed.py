@@ -68,13 +68,16 @@ def timed(label: str, action: Callable[[], Any], times: dict[str, float]) -> Non
     print(f"  {label}: {times[label]:.1f} s", flush=True)
 
 
-def prepare(data: str, megabytes: int) -> None:
+def prepare(data: str, megabytes: int, copies: int = 1) -> None:
+    """Every tool's format of the same documents; ``copies`` > 1 repeats them (new ids), for corpora
+    larger than this machine's text: a loader's speed does not depend on the documents being distinct."""
     from pipeline.format import ShardWriter
 
     if os.path.exists(data):
         shutil.rmtree(data)
     os.makedirs(data)
-    docs = list(collect_texts(megabytes * 1_000_000))
+    texts = list(collect_texts(megabytes * 1_000_000))
+    docs = [(f"{path}#{copy}" if copy else path, text) for copy in range(copies) for path, text in texts]
     text_bytes = sum(len(t.encode("utf-8")) for _, t in docs)
     print(f"{len(docs)} documents, {text_bytes / 1e6:.0f} MB of text", flush=True)
     times: dict[str, float] = {}
@@ -386,7 +389,8 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("--data", default="bench-data/loader")
-    p.add_argument("--mb", type=int, default=300)
+    p.add_argument("--mb", type=int, default=300, help="MB of distinct text to collect")
+    p.add_argument("--copies", type=int, default=1, help="repeat the collected documents this many times")
     r = sub.add_parser("run")
     r.add_argument("--data", default="bench-data/loader")
     r.add_argument("--repeats", type=int, default=3)
@@ -400,7 +404,7 @@ def main() -> None:
     t.add_argument("--table", action="store_true")
     args = parser.parse_args()
     if args.command == "prepare":
-        prepare(args.data, args.mb)
+        prepare(args.data, args.mb, args.copies)
     elif args.command == "run":
         run(args.data, args.repeats, args.workers, args.tools, args.out)
     else:
