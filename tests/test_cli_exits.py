@@ -6,6 +6,7 @@ One local Ray for the module; the Ctrl-C test's driver is a real subprocess with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,9 +18,11 @@ from pathlib import Path
 
 import pytest
 from sessions import kill_session
+from test_crawl_support import ServerThread, Site, crawl_sites, serve
 from test_pipeline_data import documents, write_jsonl
 
 from pipeline.cli import main
+from pipeline.commands.inspect import verify_shards
 from pipeline.format import Corpus, ShardWriter
 
 pytestmark = pytest.mark.timeout(240)
@@ -195,6 +198,7 @@ def test_ctrl_c_exits_130_with_a_resume_hint_and_the_rerun_finishes(
     assert driver.returncode == 130, err[-2000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
     assert err.rstrip().endswith("gristmill dedup: interrupted; run the same command again to resume")
+    assert "token" not in err.lower(), err[-2000:]  # Ray's token-authentication notice is not the user's concern
 
     assert main(argv) == 0
     assert Corpus.open(str(out)).stats["documents"]["input"] == len(texts)
@@ -217,3 +221,68 @@ def test_a_damaged_or_missing_shard_is_an_input_error_naming_it(with_rejects: tu
     os.remove(shard)
     assert main(["clusters", str(corpus), "--removed", str(removed)]) == 2
     assert shard in capsys.readouterr().err
+
+
+def test_stats_on_a_raw_crawl_says_what_it_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    servers: ServerThread = next(iter(generator := serve()))
+    try:
+        sites = [servers.start(Site(f"127.0.0.{k}", f"s{k}.test")) for k in (2, 3)]
+        for site in sites:
+            site.article("/", "Home", ["/a", "/gone"])
+            site.article("/a", f"A page of {site.name}")
+            site.page("/gone", "", status=404)
+        crawl_sites(tmp_path / "crawl", [site.url("/") for site in sites], sites)
+    finally:
+        generator.close()
+    out = str(tmp_path / "crawl")
+    assert main(["stats", out]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"{out} is a raw crawl of 4 documents from 2 hosts, not yet deduplicated: run "
+                           "gristmill dedup on it")
+    assert "%" not in text and "exact_duplicate" not in text  # no funnel of zeros
+    assert main(["stats", out, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["kind"], summary["documents"], summary["hosts"]) == ("raw crawl", 4, 2)
+    assert sum(summary["outcomes"].values()) == 6  # every admitted URL: 4 pages, 2 not found
+
+
+def _corpus_of_shards(path: Path, shards: int) -> Corpus:
+    writer = ShardWriter(str(path), shard_bytes=4_000, row_group_bytes=1_000)
+    writer.write([{"id": f"d{i}", "text": f"document {i} " * 30} for i in range(10 * shards)])
+    writer.commit()
+    return Corpus.open(str(path))
+
+
+def test_inspect_verify_shows_progress_unless_quiet(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    corpus = _corpus_of_shards(tmp_path / "corpus", 6)
+    shards, total = len(corpus.shards), corpus.manifest.num_bytes
+    assert shards > 3
+    capsys.readouterr()
+    monkeypatch.setattr("pipeline.commands.inspect.PROGRESS_SECONDS", 0.0)  # a line per shard, not per 10 s
+    assert all(result.ok for result in verify_shards(corpus, quiet=False))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1].startswith(f"verify {shards}/{shards} shards: {total:,}/{total:,} B (100%), ")
+    assert f"verify 1/{shards} shards: " in lines[0] and "B/s, ETA" in lines[0]
+    assert all(result.ok for result in verify_shards(corpus, quiet=True))
+    assert capsys.readouterr().err == ""
+
+    # on a terminal: a bar that counts shards and bytes (it runs too briefly to redraw before it closes)
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a new pty is 0 columns wide
+    shown = subprocess.Popen([*GRISTMILL, "inspect", str(tmp_path / "corpus"), "--verify"], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=follower)
+    os.close(follower)
+    bar = b""
+    with contextlib.suppress(OSError):  # EIO once the command has closed the terminal
+        while chunk := os.read(leader, 65536):
+            bar += chunk
+    os.close(leader)
+    shown.wait(timeout=60)
+    assert shown.returncode == 0 and b"all %d shards match" % shards in shown.stdout.read()
+    assert f"verify 0/{shards} shards:   0%|".encode() in bar and f"| 0/{total} ".encode() in bar

@@ -9,17 +9,39 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.format import Corpus, CorpusError
+from pipeline.commands import options
+from pipeline.format import Corpus, CorpusError, VerifyResult
+from pipeline.report.progress_lines import LINE_SECONDS, Progress
 from pipeline.report.stats_text import human_bytes
+
+PROGRESS_SECONDS = LINE_SECONDS  # between plain progress lines when stderr is not a terminal
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("corpus", help="corpus folder or URL (local path, s3://, memory://)")
-    parser.add_argument("--verify", action="store_true", help="re-read every shard and compare checksums")
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument("--verify", action="store_true",
+                        help="re-read every shard and compare checksums, with progress on stderr")
+    options.add_output_flags(parser, json_help="print machine-readable JSON")
 
 
-def summarise(corpus: Corpus, verify: bool) -> dict[str, Any]:
+def verify_shards(corpus: Corpus, quiet: bool) -> list[VerifyResult]:
+    """Every shard checked against the manifest, one at a time, with shards and bytes done, a rate and
+    an ETA on stderr (a bar on a terminal, a line about every 10 s otherwise, nothing when ``quiet``):
+    re-reading terabytes takes long enough to need it."""
+    shards = corpus.shards
+    results = []
+    with Progress(f"verify 0/{len(shards):,} shards", sum(shard.bytes for shard in shards), "B", quiet=quiet,
+                  every=PROGRESS_SECONDS) as progress:
+        for done, shard in enumerate(shards, 1):
+            results.append(corpus.verify_shard(shard))
+            progress.desc = f"verify {done:,}/{len(shards):,} shards"
+            if progress.bar is not None:
+                progress.bar.set_description(progress.desc, refresh=False)
+            progress.update(shard.bytes)
+    return results
+
+
+def summarise(corpus: Corpus, verify: bool, quiet: bool = True) -> dict[str, Any]:
     blocks = corpus.manifest.blocks  # every row group as arrays: a million of them summarise in milliseconds
     some = len(blocks) > 0
     summary: dict[str, Any] = {
@@ -42,7 +64,7 @@ def summarise(corpus: Corpus, verify: bool) -> dict[str, Any]:
         "stats": corpus.stats,
     }
     if verify:
-        results = corpus.verify()
+        results = verify_shards(corpus, quiet)
         summary["verify"] = {
             "ok": all(r.ok for r in results),
             "failed": [{"path": r.path, "detail": r.detail} for r in results if not r.ok],
@@ -79,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     except CorpusError as exc:
         print(f"gristmill inspect: {exc}", file=sys.stderr)
         return 2
-    summary = summarise(corpus, args.verify)
+    summary = summarise(corpus, args.verify, quiet=args.quiet)
     print(json.dumps(summary, indent=2) if args.json else render(summary))
     if args.verify and not summary["verify"]["ok"]:
         return 1

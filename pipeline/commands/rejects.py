@@ -18,6 +18,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from pipeline.commands import options
 from pipeline.format import REJECT_KINDS, Corpus, CorpusError
 from pipeline.report.rejects import reject_batches, rejects_path, render_tally, tally
 
@@ -26,10 +27,9 @@ _FIELDS = ("source", "position", "kind", "reason", "bytes", "count", "origin")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("corpus", help="corpus folder or URL written by gristmill dedup")
-    parser.add_argument("--json", action="store_true",
-                        help="write JSON Lines, one object per reject: " + ", ".join(_FIELDS))
-    parser.add_argument("--limit", type=_count, metavar="N", help="list at most N rejects")
-    parser.add_argument("--kind", choices=REJECT_KINDS, help="list only rejects of this kind")
+    parser.add_argument("--limit", type=_count, metavar="N", help="list at most N rejects (default: all)")
+    parser.add_argument("--kind", choices=REJECT_KINDS, help="list only rejects of this kind (default: every kind)")
+    options.add_output_flags(parser, json_help="write JSON Lines, one object per reject: " + ", ".join(_FIELDS))
 
 
 def _count(text: str) -> int:

@@ -3,45 +3,66 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Iterator
 from typing import Any
 
+from pipeline.commands import options
 from pipeline.service.client import TOKEN_ENV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", metavar="CORPUS",
-                        help="corpus whose signature index to load (written by gristmill dedup); omit to start empty")
-    parser.add_argument("--state", default="gristmill-serve-state", metavar="DIR",
+                        help="corpus whose signature index to load (written by gristmill dedup); "
+                             "default: none, start empty")
+    parser.add_argument("--state-dir", default="gristmill-serve-state", metavar="DIR",
                         help="local folder for the snapshots, insert logs and memory-mapped signatures "
                              "(default: %(default)s)")
+    options.add_renamed(parser, "--state", "--state-dir", "state_dir")
+    parser.add_argument("--job", metavar="TOML",
+                        help="read options from this TOML file's [serve] table (or its top level); "
+                             "options on the command line win (default: none)")
     parser.add_argument("--shards", type=int, default=1, metavar="K",
                         help="run K index shards as Ray actors behind this front (default %(default)s: one "
                              "index in this process)")
-    parser.add_argument("--ray-address", metavar="ADDR",
-                        help="with --shards: the Ray cluster to join (default: start a local Ray)")
+    parser.add_argument("--ray-address", metavar="ADDR", default=os.environ.get("RAY_ADDRESS"),
+                        help="with --shards: the Ray cluster to join (default: $RAY_ADDRESS, else start a "
+                             "local Ray)")
     parser.add_argument("--compact-every", type=int, default=1_000_000, metavar="N",
                         help="write a new snapshot in the background after N inserts (default %(default)s)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default %(default)s); any non-loopback address needs a token")
     parser.add_argument("--port", type=int, default=8765, help="port (default %(default)s; 0 picks a free one)")
     parser.add_argument("--token-file", metavar="PATH",
-                        help=f"file holding the bearer token clients must send (or set {TOKEN_ENV})")
-    parser.add_argument("--max-batch", type=int, default=1024, help="most documents per request (default %(default)s)")
-    parser.add_argument("--max-body-mb", type=float, default=16.0,
-                        help="largest request body in MiB (default %(default)s)")
+                        help=f"file holding the bearer token clients must send (default: ${TOKEN_ENV}, else "
+                             "no token)")
+    parser.add_argument("--max-batch", type=int, default=1024,
+                        help="most documents per request (default %(default)s)")
+    parser.add_argument("--max-body-bytes", type=options.size, default=16 << 20, metavar="SIZE",
+                        help=f"largest request body, e.g. 64MiB (default {options.format_size(16 << 20)})")
+    options.add_renamed(parser, "--max-body-mb", "--max-body-bytes", "max_body_bytes",
+                        convert=options.mib_to_bytes)
     parser.add_argument("--read-timeout", type=float, default=30.0, metavar="SECONDS",
                         help="longest wait for a request's head or body; a slower client is cut off "
                              "(default %(default)s)")
     parser.add_argument("--export", metavar="OUT",
                         help="instead of serving: write every document the state holds as a corpus index "
-                             "at OUT (what gristmill dedup --against reads) and exit")
+                             "at OUT (what gristmill dedup --against reads) and exit (default: serve)")
+    options.add_output_flags(parser, json_help="print the start-up summary, the listening address and "
+                                               "--export's result as JSON objects, one per line")
     empty = parser.add_argument_group("parameters of an empty index (without --index)")
-    empty.add_argument("--threshold", type=float, default=0.8)
-    empty.add_argument("--num-perm", type=int, default=128)
-    empty.add_argument("--ngram", type=int, default=5)
+    empty.add_argument("--threshold", type=float, default=0.8,
+                       help="Jaccard similarity at which two documents are near duplicates (default %(default)s)")
+    empty.add_argument("--num-perm", type=int, default=128,
+                       help="MinHash permutations per signature (default %(default)s)")
+    empty.add_argument("--ngram", type=int, default=5, help="words per shingle (default %(default)s)")
+
+
+def _say(args: argparse.Namespace, text: str, **fields: Any) -> None:
+    """One result line on stdout: ``text`` for people, or ``fields`` as a JSON object with --json."""
+    print(json.dumps(fields) if args.json else f"gristmill serve: {text}", flush=True)
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -64,7 +85,8 @@ def _export(args: argparse.Namespace, params: Any) -> int:
     from pipeline.format.signature_index import write_index
     from pipeline.service.server import DedupService
 
-    folders = [args.state] if args.shards == 1 else [os.path.join(args.state, f"shard-{k}") for k in range(args.shards)]
+    folders = ([args.state_dir] if args.shards == 1
+               else [os.path.join(args.state_dir, f"shard-{k}") for k in range(args.shards)])
     opened = [DedupService(folders[0], params, index_url=args.index, part=(0, args.shards))]
     count = 0
 
@@ -81,12 +103,13 @@ def _export(args: argparse.Namespace, params: Any) -> int:
 
     first = opened[0]
     try:
-        name = write_index(args.export, first.params, tables(), stats={"exported_from": os.path.abspath(args.state),
-                                                                       "shards": args.shards})
+        name = write_index(args.export, first.params, tables(),
+                           stats={"exported_from": os.path.abspath(args.state_dir), "shards": args.shards})
     finally:
         for service in opened:
             service.close()
-    print(f"gristmill serve: wrote {count} documents to {args.export.rstrip('/')}/{name}")
+    path = f"{args.export.rstrip('/')}/{name}"
+    _say(args, f"wrote {count} documents to {path}", exported=count, index=path)
     return 0
 
 
@@ -101,11 +124,14 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.service.server import DedupService, LogError, StateError, check_bind, serve_forever
 
     return_freed_memory()  # process-wide allocator settings: the serving process is ours alone
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        if (args.max_batch < 1 or not args.max_body_mb > 0 or not args.read_timeout > 0 or args.compact_every < 1
-                or args.shards < 1):
-            raise ValueError("--max-batch, --max-body-mb, --read-timeout, --compact-every and --shards must be "
+        if args.job:
+            options.apply_job_file(args._parser, args, args.job, "serve", args._argv)
+        if (args.max_batch < 1 or not args.max_body_bytes > 0 or not args.read_timeout > 0
+                or args.compact_every < 1 or args.shards < 1):
+            raise ValueError("--max-batch, --max-body-bytes, --read-timeout, --compact-every and --shards must be "
                              "positive")
         token = _token(args)
         check_bind(args.host, token)
@@ -114,9 +140,12 @@ def run(args: argparse.Namespace) -> int:
             check_export_folder(args.export)  # before loading: refused in a second, not after minutes
             return _export(args, params)
         if args.shards == 1:
-            service: Any = DedupService(args.state, params, index_url=args.index, compact_every=args.compact_every)
-            print(f"gristmill serve: {len(service.index)} documents ({service.index.base_count} from the index, "
-                  f"{service.counters.replayed} replayed from the logs in {args.state})", flush=True)
+            service: Any = DedupService(args.state_dir, params, index_url=args.index,
+                                        compact_every=args.compact_every)
+            _say(args, f"{len(service.index)} documents ({service.index.base_count} from the index, "
+                       f"{service.counters.replayed} replayed from the logs in {args.state_dir})",
+                 documents=len(service.index), from_index=service.index.base_count,
+                 replayed=service.counters.replayed, state_dir=args.state_dir)
         else:
             import ray
 
@@ -124,15 +153,17 @@ def run(args: argparse.Namespace) -> int:
 
             ray.init(address=args.ray_address, include_dashboard=False, logging_level="ERROR",
                      log_to_driver=False)
-            service = ShardedService(args.state, args.shards, params, index_url=args.index,
+            service = ShardedService(args.state_dir, args.shards, params, index_url=args.index,
                                      compact_every=args.compact_every)
-            print(f"gristmill serve: {service.stats()['documents']} documents in {args.shards} shards", flush=True)
+            documents = service.stats()["documents"]
+            _say(args, f"{documents} documents in {args.shards} shards", documents=documents, shards=args.shards,
+                 state_dir=args.state_dir)
     except (OSError, ValueError, CorpusError, LogError, StateError) as exc:
         print(f"gristmill serve: {exc}", file=sys.stderr)
         return 2
 
     def ready(url: str) -> None:
-        print(f"gristmill serve: listening on {url}", flush=True)
+        _say(args, f"listening on {url}", listening=url)
 
     async def main() -> None:
         task = asyncio.current_task()
@@ -140,11 +171,11 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, task.cancel)  # Ctrl-C stays KeyboardInterrupt: exit 130
         await serve_forever(service, args.host, args.port, token=token, max_batch=args.max_batch,
-                            max_body_bytes=int(args.max_body_mb * 1024 * 1024), read_timeout=args.read_timeout,
+                            max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
                             ready=ready)
 
     try:
         asyncio.run(main())
     except asyncio.CancelledError:
-        print("gristmill serve: stopped", flush=True)
+        _say(args, "stopped", stopped=True)
     return 0

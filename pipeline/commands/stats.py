@@ -3,7 +3,8 @@
 The totals come from the manifest and every breakdown in full from the statistics table beside the
 corpus (``pipeline.format.stats_table``; older corpora kept them in the manifest). ``--html FILE``
 also writes the same statistics as a self-contained HTML page with charts
-(``pipeline.report.html_report.write_report``).
+(``pipeline.report.html_report.write_report``). A raw crawl (written by ``gristmill crawl``) has no
+funnel yet: for one, ``stats`` says what it is and what to run next.
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
+import pyarrow.compute as pc
+
+from pipeline.commands import options
 from pipeline.format import Corpus, CorpusError
 from pipeline.format.stats_table import full_stats
 from pipeline.report.stats_text import render
@@ -19,18 +24,49 @@ from pipeline.report.stats_text import render
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("corpus", help="corpus folder or URL")
-    parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
     parser.add_argument("--html", metavar="FILE",
-                        help="also write a self-contained HTML report with charts to FILE (a local path)")
+                        help="also write a self-contained HTML report with charts to FILE, a local path "
+                             "(default: none)")
+    options.add_output_flags(parser, json_help="print the statistics as JSON")
+
+
+def describe_raw_crawl(corpus: Corpus) -> dict[str, Any] | None:
+    """What a corpus written by ``gristmill crawl`` holds (documents, hosts, fetch outcomes), or None
+    for any other corpus: a crawl has no dedup funnel yet, and an all-zero one would say it lost
+    everything. Hosts are counted from the ``domain`` column, one shard at a time."""
+    crawl = corpus.stats.get("crawl")
+    if not isinstance(crawl, dict) or "documents" in corpus.stats:
+        return None
+    hosts: set[str] = set()
+    if "domain" in corpus.schema.names:
+        for shard in corpus.shards:
+            hosts.update(h for h in pc.unique(corpus.read_shard(shard, ["domain"]).column("domain")).to_pylist() if h)
+    return {"kind": "raw crawl", "documents": corpus.num_rows, "hosts": len(hosts),
+            "outcomes": dict(crawl.get("outcomes") or {})}
+
+
+def render_raw_crawl(corpus_url: str, summary: dict[str, Any]) -> str:
+    outcomes = ", ".join(f"{kind} {count:,}" for kind, count in sorted(summary["outcomes"].items(),
+                                                                       key=lambda kv: -kv[1]))
+    return (f"{corpus_url} is a raw crawl of {summary['documents']:,} documents from {summary['hosts']:,} hosts, "
+            f"not yet deduplicated: run gristmill dedup on it for a funnel of kept and removed documents"
+            + (f"\nfetch outcomes  {outcomes}" if outcomes else ""))
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         corpus = Corpus.open(args.corpus)
-        stats = full_stats(corpus)
+        raw = describe_raw_crawl(corpus)
+        stats = full_stats(corpus) if raw is None else {}
     except CorpusError as exc:
         print(f"gristmill stats: {exc}", file=sys.stderr)
         return 2
+    if raw is not None:
+        print(json.dumps(raw, indent=2) if args.json else render_raw_crawl(args.corpus, raw))
+        if args.html:
+            print(f"gristmill stats: --html {args.html} not written: a raw crawl has no dedup statistics to chart",
+                  file=sys.stderr)
+        return 0
     if not stats:
         print(f"gristmill stats: {args.corpus}: the manifest holds no statistics (not written by gristmill dedup)",
               file=sys.stderr)
@@ -40,9 +76,10 @@ def run(args: argparse.Namespace) -> int:
         from pipeline.report.html_report import write_report
 
         try:  # the similarity chart comes from the removed corpus the manifest names, when there is one
-            write_report(args.corpus, args.html)
+            write_report(args.corpus, args.html, quiet=args.quiet)
         except (CorpusError, OSError) as exc:
             print(f"gristmill stats: --html {args.html}: {exc}", file=sys.stderr)
             return 2
-        print(f"wrote {args.html}", file=sys.stderr)  # stderr: --json output stays plain JSON
+        if not args.quiet:
+            print(f"wrote {args.html}", file=sys.stderr)  # stderr: --json output stays plain JSON
     return 0
