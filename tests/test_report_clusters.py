@@ -255,3 +255,21 @@ def test_report_command_line(dedup_output, tmp_path, capsys) -> None:
     assert main([corpus_url, "-o", str(target)]) == 0 and target.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     assert main([removed_url, "-o", str(tmp_path / "x.html")]) == 2  # the removed corpus carries no statistics
     assert "the manifest holds no statistics" in capsys.readouterr().err
+
+
+def test_progress_lines_off_a_terminal_and_none_when_quiet() -> None:
+    import io
+
+    from pipeline.report.progress_lines import Progress
+
+    log = io.StringIO()  # not a terminal: plain lines, here every update (every=0)
+    with Progress("clusters: removed rows scanned", 200, "rows", stream=log, every=0) as progress:
+        progress.update(50)
+        progress.update(150)
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("clusters: removed rows scanned: 50/200 rows (25%), ")
+    assert " rows/s, ETA " in lines[0] and lines[1].startswith("clusters: removed rows scanned: 200/200 rows (100%)")
+    quiet = io.StringIO()
+    with Progress("x", None, "row groups", quiet=True, stream=quiet, every=0) as progress:
+        progress.update(3)
+    assert quiet.getvalue() == ""
