@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import logging
 import os
 import re
 import sys
@@ -55,7 +54,7 @@ def build_parser(load: Collection[str] = ()) -> argparse.ArgumentParser:
         prog="gristmill", description="Crawl, deduplicate and stream LLM training corpora.",
         epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_ShowVersion, nargs=0, help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, summary) in COMMANDS.items():
         command = sub.add_parser(name, help=summary, description=summary)
@@ -66,14 +65,20 @@ def build_parser(load: Collection[str] = ()) -> argparse.ArgumentParser:
     return parser
 
 
-def _version() -> str:
-    """The installed distribution's version (a source tree that was never installed says so)."""
-    from importlib.metadata import PackageNotFoundError, version
+class _ShowVersion(argparse.Action):
+    """``--version``: the installed distribution's version, looked up only when asked (the metadata
+    scan would cost every ``--help`` tens of milliseconds in a large environment)."""
 
-    try:
-        return version(DISTRIBUTION)
-    except PackageNotFoundError:
-        return "(not installed)"
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            shown = version(DISTRIBUTION)
+        except PackageNotFoundError:
+            shown = "(not installed)"
+        print(f"{parser.prog} {shown}")
+        parser.exit()
 
 
 def chosen_command(tokens: Sequence[str]) -> str | None:
@@ -109,6 +114,8 @@ def quiet_third_party_warnings() -> None:
     that is Ray's secure default doing its job, so only that line goes; Ray's other warnings (token
     authentication disabled on a cluster we join, among them) still show.
     """
+    import logging
+
     logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
         lambda record: not record.getMessage().startswith("Token authentication is enabled for this Ray cluster"))
 
