@@ -5,16 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from pipeline.commands import options
-from pipeline.format import Corpus, CorpusError, VerifyResult
 from pipeline.report.progress_lines import LINE_SECONDS, Progress
 from pipeline.report.stats_text import human_bytes
 
 PROGRESS_SECONDS = LINE_SECONDS  # between plain progress lines when stderr is not a terminal
+
+if TYPE_CHECKING:  # numpy and pyarrow are imported when the command runs: `inspect --help` stays quick
+    from pipeline.format import Corpus, VerifyResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +42,8 @@ def verify_shards(corpus: Corpus, quiet: bool) -> list[VerifyResult]:
 
 
 def summarise(corpus: Corpus, verify: bool, quiet: bool = True) -> dict[str, Any]:
+    import numpy as np
+
     blocks = corpus.manifest.blocks  # every row group as arrays: a million of them summarise in milliseconds
     some = len(blocks) > 0
     summary: dict[str, Any] = {
@@ -96,6 +98,8 @@ def render(summary: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.format import Corpus, CorpusError
+
     try:
         corpus = Corpus.open(args.corpus)
     except CorpusError as exc:

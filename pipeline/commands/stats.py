@@ -12,14 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
-
-import pyarrow.compute as pc
+from typing import TYPE_CHECKING, Any
 
 from pipeline.commands import options
-from pipeline.format import Corpus, CorpusError
-from pipeline.format.stats_table import full_stats
-from pipeline.report.stats_text import render
+
+if TYPE_CHECKING:  # pyarrow is imported when the command runs, so `gristmill stats --help` is quick
+    from pipeline.format import Corpus
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +32,8 @@ def describe_raw_crawl(corpus: Corpus) -> dict[str, Any] | None:
     """What a corpus written by ``gristmill crawl`` holds (documents, hosts, fetch outcomes), or None
     for any other corpus: a crawl has no dedup funnel yet, and an all-zero one would say it lost
     everything. Hosts are counted from the ``domain`` column, one shard at a time."""
+    import pyarrow.compute as pc
+
     crawl = corpus.stats.get("crawl")
     if not isinstance(crawl, dict) or "documents" in corpus.stats:
         return None
@@ -54,6 +54,10 @@ def render_raw_crawl(corpus_url: str, summary: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.format import Corpus, CorpusError
+    from pipeline.format.stats_table import full_stats
+    from pipeline.report.stats_text import render
+
     try:
         corpus = Corpus.open(args.corpus)
         raw = describe_raw_crawl(corpus)
