@@ -126,6 +126,7 @@ def test_base_dependencies_leave_out_the_heavy_packages() -> None:
     extras = project["optional-dependencies"]
     assert {"crawl", "dedup", "serve", "all"} <= set(extras)
     assert extras["all"] == ["gristmill[crawl,dedup,serve]"]
+    assert "gristmill[all]" in extras["cluster"]  # deploy/ images install .[s3,cluster] and run every command
     assert {"ray", "numba"} <= _requirement_names(extras["dedup"])
     assert {"aiohttp", "lxml", "trafilatura"} <= _requirement_names(extras["crawl"])
 
