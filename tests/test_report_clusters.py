@@ -273,3 +273,26 @@ def test_progress_lines_off_a_terminal_and_none_when_quiet() -> None:
     with Progress("x", None, "row groups", quiet=True, stream=quiet, every=0) as progress:
         progress.update(3)
     assert quiet.getvalue() == ""
+
+
+def test_length_histograms_sample_row_groups_spread_over_the_corpus(tmp_path, monkeypatch) -> None:
+    from pipeline.report import html_report
+
+    url = str(tmp_path / "many")
+    with ShardWriter(url, CORPUS_SCHEMA, row_group_bytes=2048, shard_bytes=8192) as writer:
+        writer.write([_row(f"d{i:04d}", " ".join(["word"] * (1 << (i % 8))), f"http://a.test/{i}",
+                           is_representative=True) for i in range(400)])  # 2^(i % 8) words each
+        writer.commit(stats={"documents": {"input": 400, "kept": 400}})
+    corpus = Corpus.open(url)
+    groups = sum(len(shard.row_groups) for shard in corpus.shards)
+    assert len(corpus.shards) > 1 and 8 < groups <= html_report.LENGTH_GROUPS
+    whole = html_report.collect(corpus, None)
+    assert whole.length_stride == 1 and whole.tokens.sum() == 400
+    assert [int(whole.tokens[k]) for k in range(8)] == [50] * 8  # 2^k words land in bin k
+    monkeypatch.setattr(html_report, "LENGTH_GROUPS", 4)
+    sample = html_report.collect(corpus, None)
+    assert sample.length_stride == -(-groups // 4) > 1
+    assert 0 < sample.lengths.sum() < 400 and sample.lengths.sum() == sample.tokens.sum()
+    page = html_report.render_html({"documents": {"input": 400, "kept": 400}}, sample)
+    assert f"from every {sample.length_stride}th row group" in page
+    assert "No candidate-pairs chart: the manifest lists no pairs table" in page

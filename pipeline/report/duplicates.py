@@ -105,12 +105,18 @@ def open_removed(corpus: Corpus, removed_url: str | None = None) -> Corpus:
     return removed
 
 
-def row_groups(corpus: Corpus, columns: list[str]) -> Iterator[pa.Table]:
-    """Every row group of ``corpus`` (``columns`` only), one at a time: what a pass holds is one row group."""
+def row_groups(corpus: Corpus, columns: list[str], stride: int = 1) -> Iterator[pa.Table]:
+    """Every ``stride``-th row group of ``corpus`` (``columns`` only; every one by default), one at a time:
+    what a pass holds is one row group."""
+    seen = 0
     for shard in corpus.shards:
+        chosen = [g for g in range(len(shard.row_groups)) if (seen + g) % stride == 0]
+        seen += len(shard.row_groups)
+        if not chosen:
+            continue
         with corpus.fs.open(corpus.shard_path(shard), "rb") as handle:
             parquet = pq.ParquetFile(handle)
-            for group in range(parquet.num_row_groups):
+            for group in chosen:
                 yield parquet.read_row_group(group, columns=columns, use_threads=False)
 
 

@@ -38,6 +38,9 @@ COLORS = {"kept": "#2e7d32", "exact_duplicate": "#1565c0", "near_duplicate": "#e
           "bar": "#5e35b1", "documents": "#5e35b1", "remaining": "#90a4ae", "linked": "#ef6c00", "below": "#b0bec5"}
 WIDTH = 760
 TOP = 12
+# The length histograms read the text column: at most this many row groups (~1 GB at 4 MiB), spread
+# evenly over the corpus, so a 10 TB corpus's report reads a sample, not the corpus.
+LENGTH_GROUPS = 256
 
 CSS = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Noto Sans", sans-serif; margin: 0;
@@ -373,6 +376,7 @@ class ReportData:
     lengths: np.ndarray | None = None  # kept documents per log2 bin of characters
     tokens: np.ndarray | None = None  # kept documents per log2 bin of whitespace-separated words
     crawl: dict[str, int] | None = None  # URL outcomes of the crawls the job read, summed
+    length_stride: int = 1  # the lengths come from every length_stride-th row group of the kept corpus
     missing: list[str] = field(default_factory=list)  # why a chart is not there
 
 
@@ -436,7 +440,8 @@ def _histogram_sections(data: ReportData, threshold: float) -> list[str]:
                 chart_id, _vertical_bars(bins, ["documents"], f"kept documents by {what}",
                                          f"{what} (power-of-two bins)"),
                 f"Kept documents by length in {what}, in power-of-two bins (a bin holds its first value up to "
-                "the next bin's).")))
+                "the next bin's)" + (f"; from every {data.length_stride}th row group, a sample spread over the "
+                                    "corpus." if data.length_stride > 1 else "."))))
     return sections
 
 
@@ -535,7 +540,9 @@ def collect(corpus: Any, removed: Any | None, progress: Progress | None = None) 
 
     data = ReportData(crawl=_crawl_outcomes(corpus))
     lengths, words = np.zeros(64, np.int64), np.zeros(64, np.int64)
-    for table in row_groups(corpus, ["text"]):
+    groups = sum(len(shard.row_groups) for shard in corpus.shards)
+    data.length_stride = max(1, -(-groups // LENGTH_GROUPS))
+    for table in row_groups(corpus, ["text"], data.length_stride):
         lengths += np.bincount(_log2_index(pc.utf8_length(table["text"]).to_numpy(zero_copy_only=False)),
                                minlength=64)
         counted = pc.count_substring_regex(table["text"], pattern=r"\S+").to_numpy(zero_copy_only=False)
@@ -593,7 +600,9 @@ def write_report(corpus_url: str, path: str, removed_url: str | None = None, top
         pairs = PairsInfo.of(corpus).rows
     except CorpusError:
         pairs = 0
-    total = corpus.num_rows + (removed.num_rows if removed is not None else 0) + pairs
+    groups = sum(len(shard.row_groups) for shard in corpus.shards)
+    sampled = corpus.num_rows // max(1, -(-groups // LENGTH_GROUPS))  # about the rows the lengths read
+    total = sampled + (removed.num_rows if removed is not None else 0) + pairs
     with Progress("stats --html: rows read", total, "rows", quiet=quiet) as progress:
         data = collect(corpus, removed, progress)
     page = render_html(stats, data, subtitle=subtitle, top=top)
