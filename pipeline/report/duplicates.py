@@ -192,15 +192,18 @@ def find_clusters(corpus: Corpus, removed: Corpus, top: int | None = None,
     chosen = {key: ClusterFigures(key, int(size)) for key, size in best.items()}
     wanted = pa.array(list(chosen), pa.string())
     for table in _matching(removed, ["cluster_id", "removed_as", "similarity", "domain"], "cluster_id", wanted):
-        for row in table.to_pylist():
+        groups = table.group_by(["cluster_id", "removed_as"]).aggregate(
+            [("similarity", "min"), ("domain", "distinct"), ([], "count_all")])
+        for row in groups.to_pylist():  # a row per (chosen cluster, kind) in this row group
             figures = chosen[row["cluster_id"]]
-            figures.exact += row["removed_as"] == "exact_duplicate"
-            if row["removed_as"] == "near_duplicate":
-                figures.near += 1
-                if row["similarity"] is not None and (figures.min_similarity is None
-                                                      or row["similarity"] < figures.min_similarity):
-                    figures.min_similarity = row["similarity"]
-            figures.domains.update([row["domain"]] if row["domain"] else [])
+            figures.domains.update(domain for domain in row["domain_distinct"] if domain)
+            if row["removed_as"] == "exact_duplicate":
+                figures.exact += row["count_all"]
+            elif row["removed_as"] == "near_duplicate":
+                figures.near += row["count_all"]
+                lowest = row["similarity_min"]
+                if lowest is not None and (figures.min_similarity is None or lowest < figures.min_similarity):
+                    figures.min_similarity = lowest
     listing = Listing(sorted(chosen.values(), key=lambda c: (-c.size, c.id)))
     listing.count = int(np.unique(np.concatenate(hashes)).size) if hashes else 0
     listing.held = removed.num_rows
