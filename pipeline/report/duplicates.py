@@ -181,6 +181,8 @@ def find_clusters(corpus: Corpus, removed: Corpus, top: int | None = None,
     hashes: list[np.ndarray] = []
     for table in row_groups(removed, ["cluster_id", "cluster_size"]):
         sizes = table.group_by("cluster_id").aggregate([("cluster_size", "max")])
+        if top is not None:  # only this row group's top clusters become Python objects
+            sizes = sizes.sort_by([("cluster_size_max", "descending"), ("cluster_id", "ascending")]).slice(0, top)
         best.update(zip(sizes["cluster_id"].to_pylist(), sizes["cluster_size_max"].to_pylist(), strict=True))
         if top is not None and len(best) > top:
             best = dict(sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:top])
