@@ -103,6 +103,7 @@ def survivors(
     ids: np.ndarray | pa.Array | list,
     priority: np.ndarray | pa.Array | list | None = None,
     weights: np.ndarray | None = None,
+    preference: np.ndarray | None = None,
 ) -> Survivors:
     """The best row of each label (see :func:`choose_representatives`) and each label's total weight.
 
@@ -115,12 +116,13 @@ def survivors(
     representative's signature where the member is: phase 2 sends one row per (split, cluster) back,
     the winner's key, id and signature, to each split that sent a phase-1 row for that cluster.
     """
-    return _survivors(labels, lengths, ids, priority, weights)[0]
+    return _survivors(labels, lengths, ids, priority, weights, preference)[0]
 
 
 def _survivors(labels: np.ndarray, lengths: np.ndarray, ids: np.ndarray | pa.Array | list,
                priority: np.ndarray | pa.Array | list | None,
-               weights: np.ndarray | None) -> tuple[Survivors, np.ndarray]:
+               weights: np.ndarray | None,
+               preference: np.ndarray | None = None) -> tuple[Survivors, np.ndarray]:
     """:func:`survivors`, and the index of each row's label among the distinct labels."""
     labels = np.asarray(labels)
     n = labels.shape[0]
@@ -131,6 +133,11 @@ def _survivors(labels: np.ndarray, lengths: np.ndarray, ids: np.ndarray | pa.Arr
             f"labels, lengths and ids differ in length: {n}, {lengths.shape[0]}, {id_rank.shape[0]}"
         )
     sort_keys = [id_rank, -lengths]
+    if preference is not None:  # the user's survivor policy: one int64 key, higher wins
+        preference = np.asarray(preference, dtype=np.int64)
+        if preference.shape[0] != n:
+            raise ValueError(f"preference has {preference.shape[0]} values for {n} documents")
+        sort_keys.append(~preference)  # ~x = -x - 1 orders descending without overflowing at INT64_MIN
     if priority is not None:
         if isinstance(priority, pa.Array | pa.ChunkedArray):
             priority = priority.to_numpy(zero_copy_only=False)
@@ -159,12 +166,15 @@ def choose_representatives(
     lengths: np.ndarray,
     ids: np.ndarray | pa.Array | list,
     priority: np.ndarray | pa.Array | list | None = None,
+    preference: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One survivor per cluster: ``(is_representative, index of each row's representative)``.
 
-    The survivor has the highest ``priority`` (when given), then the greatest length, then the
-    smallest id, so the choice depends only on the data, never on input order or partitioning.
+    The survivor has the highest ``priority`` (when given: an earlier corpus's rows), then the highest
+    ``preference`` (when given: the int64 key of the user's survivor policy), then the greatest
+    length, then the smallest id, so the choice depends only on the data, never on input order or
+    partitioning.
     """
-    chosen, label_rank = _survivors(labels, lengths, ids, priority, None)
+    chosen, label_rank = _survivors(labels, lengths, ids, priority, None, preference)
     rep_index = chosen.row[label_rank]
     return rep_index == np.arange(rep_index.size), rep_index

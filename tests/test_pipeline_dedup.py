@@ -235,3 +235,30 @@ def test_cli_parser_accepts_every_documented_option() -> None:
     assert (config.bands, config.rows, config.text_column, config.id_column, config.removed, config.keep_work,
             config.verify) == (16, 8, "body", "uid", "rm", True, False)
     assert dedup_cmd.config_from_args(parser.parse_args(["in.jsonl", "-o", "out"])).verify is True
+
+
+def test_sizes_take_units_on_the_command_line_and_in_the_job_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.commands import dedup as dedup_cmd
+
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    parser = argparse.ArgumentParser()
+    dedup_cmd.add_arguments(parser)
+    args = parser.parse_args(["in.jsonl", "-o", "out", "--split-bytes", "64MiB", "--shard-bytes", "1.5GB",
+                              "--max-doc-bytes", "4096", "--spill-bytes", "2gib"])
+    assert args.ray_address == "ray://head:10001"  # --ray-address defaults to $RAY_ADDRESS
+    config = dedup_cmd.config_from_args(args)
+    assert (config.split_bytes, config.shard_bytes, config.max_doc_bytes, config.spill_bytes) == (
+        64 * 2**20, 1_500_000_000, 4096, 2 * 2**30)
+    job = tmp_path / "job.toml"
+    job.write_text('[dedup]\ninputs = ["in.jsonl"]\noutput = "out"\nsplit_bytes = "32MiB"\n'
+                   'row-group-bytes = "512KiB"\npartition_bytes = 1048576\n')
+    config = dedup_cmd.config_from_args(parser.parse_args(["--job", str(job), "--row-group-bytes", "1MiB"]))
+    assert (config.split_bytes, config.row_group_bytes, config.partition_bytes) == (32 * 2**20, 2**20, 2**20)
+    job.write_text('inputs = ["in.jsonl"]\noutput = "out"\nshard_bytes = "lots"\n')
+    assert main(["dedup", "--job", str(job)]) == 2
+    err = capsys.readouterr().err
+    assert str(job) in err and "shard-bytes" in err and "'lots' is not a size" in err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["in.jsonl", "-o", "out", "--split-bytes", "64XB"])
+    assert "not a size" in capsys.readouterr().err

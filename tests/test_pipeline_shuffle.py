@@ -18,7 +18,7 @@ from test_pipeline_data import documents, write_jsonl
 
 from pipeline.format import Corpus
 from pipeline.job import DedupConfig, DedupError, run_dedup
-from pipeline.job.datasets import EXACT_IN, EXACT_SCHEMA, Shuffled
+from pipeline.job.datasets import EXACT_IN, EXACT_IN_SCHEMA, Shuffled
 from pipeline.job.spill import ExternalSort
 from pipeline.job.workdir import WorkDir
 
@@ -134,7 +134,7 @@ def test_every_shuffle_writes_at_most_c_times_splits_plus_partitions_files(refer
 def test_a_text_copied_more_often_than_there_are_splits_reaches_its_reducer_as_one_row_per_split(
         reference: tuple[Path, list]) -> None:
     work = WorkDir(str(reference[0] / "_work"))
-    rows = pa.concat_tables([work.read_partition(EXACT_IN, p, EXACT_SCHEMA) for p in range(PARTITIONS)])
+    rows = pa.concat_tables([work.read_partition(EXACT_IN, p, EXACT_IN_SCHEMA) for p in range(PARTITIONS)])
     per_text = rows.group_by("content_hash").aggregate([("count", "sum"), ("count", "count")])
     hot = per_text.filter(pc.equal(per_text["count_sum"], pc.max(per_text["count_sum"])))
     assert hot["count_sum"][0].as_py() >= SPLITS * HOT_COPIES  # the hot text's copies, all counted

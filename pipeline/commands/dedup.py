@@ -1,12 +1,16 @@
 """``gristmill dedup INPUT... -o CORPUS``: raw documents in, a deduplicated corpus out (on Ray).
 
 Options given on the command line win over the TOML job file (``--job job.toml``), which can hold
-any key of :class:`pipeline.job.DedupConfig` at its top level or under ``[dedup]``.
+any key of :class:`pipeline.job.DedupConfig` at its top level or under ``[dedup]``. Sizes take units
+(``64MiB``, ``1.5GB``) on the command line and in the job file (``pipeline.commands.options``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -14,62 +18,87 @@ from typing import Any
 # Command-line options that map one to one onto DedupConfig fields.
 _OPTIONS = ("threshold", "num_perm", "ngram", "bands", "rows", "seed", "text_column", "id_column",
             "max_doc_bytes", "split_bytes", "num_partitions", "partition_bytes", "spill_bytes", "cc_rows_per_task",
-            "removed", "against", "shard_bytes", "row_group_bytes")
+            "removed", "against", "shard_bytes", "row_group_bytes", "prefer")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipeline.commands import options
+    from pipeline.job.config import DedupConfig
+
+    defaults = DedupConfig(inputs=[], output="")
+
+    def size_flag(flag: str, text: str) -> None:
+        dest = flag.removeprefix("--").replace("-", "_")
+        parser.add_argument(flag, type=options.size, metavar="SIZE",
+                            help=f"{text} (default: {options.format_size(getattr(defaults, dest))})")
+
     parser.add_argument("inputs", nargs="*", metavar="INPUT",
                         help="files, globs or folders (any fsspec URL) of Parquet, JSONL(.gz/.zst), WARC(.gz), "
                              "or a corpus folder")
-    parser.add_argument("-o", "--output", help="the corpus folder to write (any fsspec URL)")
-    parser.add_argument("--job", metavar="TOML", help="a TOML job file with any of these options")
-    parser.add_argument("--threshold", type=float, help="Jaccard similarity counted as near-duplicate (default 0.8)")
-    parser.add_argument("--num-perm", type=int, help="MinHash permutations (default 128)")
-    parser.add_argument("--ngram", type=int, help="words per shingle (default 5)")
+    parser.add_argument("-o", "--output", help="the corpus folder to write (any fsspec URL; required here or in "
+                                               "the job file)")
+    parser.add_argument("--job", metavar="TOML", help="a TOML job file with any of these options, at its top level "
+                                                      "or under [dedup]; the command line wins (default: none)")
+    parser.add_argument("--prefer", metavar="POLICY",
+                        help="which copy of a duplicate group survives: longest, domains:FILE (a ranked domain "
+                             "list, one a line), domains=A,B,..., canonical, column:NAME (higher wins), "
+                             "column:-NAME (lower wins) or earliest (fetch_time); see docs/DEDUP.md "
+                             f"(default: {defaults.prefer})")
+    parser.add_argument("--threshold", type=float,
+                        help=f"Jaccard similarity counted as near-duplicate (default: {defaults.threshold})")
+    parser.add_argument("--num-perm", type=int, help=f"MinHash permutations (default: {defaults.num_perm})")
+    parser.add_argument("--ngram", type=int, help=f"words per shingle (default: {defaults.ngram})")
     parser.add_argument("--bands", type=int,
-                        help="LSH bands (with --rows; default: optimal for the threshold, recall-leaning with verification)")
-    parser.add_argument("--rows", type=int, help="rows per LSH band (with --bands)")
+                        help="LSH bands (with --rows; default: optimal for the threshold, recall-leaning with "
+                             "verification)")
+    parser.add_argument("--rows", type=int, help="rows per LSH band (with --bands; default: with the bands)")
     parser.add_argument("--no-verify", dest="verify", action="store_false", default=None,
                         help="link every LSH candidate pair; by default a pair is linked only when its estimated "
                              "Jaccard reaches the threshold")
-    parser.add_argument("--seed", type=int, help="MinHash seed (default dedup.DEFAULT_SEED)")
-    parser.add_argument("--text-column", help="field holding the text (default 'text')")
-    parser.add_argument("--id-column", help="field holding the id (default 'id'; generated when absent)")
-    parser.add_argument("--max-doc-bytes", type=int, help="reject documents larger than this (default 10 MiB)")
-    parser.add_argument("--split-bytes", type=int, help="input bytes per parallel split (default 64 MiB)")
+    parser.add_argument("--seed", type=int, help="MinHash seed (default: dedup.DEFAULT_SEED)")
+    parser.add_argument("--text-column", help=f"field holding the text (default: {defaults.text_column})")
+    parser.add_argument("--id-column",
+                        help=f"field holding the id (default: {defaults.id_column}; generated when absent)")
+    size_flag("--max-doc-bytes", "reject documents larger than this")
+    size_flag("--split-bytes", "input bytes per parallel split (one read task each)")
     parser.add_argument("--num-partitions", type=int,
                         help="partitions of every shuffle (default: about --partition-bytes of rows each, no cap)")
-    parser.add_argument("--partition-bytes", type=int,
-                        help="rows (in memory) each shuffle partition is sized to hold; sets the partition counts "
-                             "and so a reducer's memory (default 128 MiB)")
-    parser.add_argument("--spill-bytes", type=int,
-                        help="rows a reducer sorts in memory before it spills sorted runs to disk (default 1 GiB)")
+    size_flag("--partition-bytes", "rows (in memory) each shuffle partition is sized to hold; sets the partition "
+                                   "counts and so a reducer's memory")
+    size_flag("--spill-bytes", "rows a reducer sorts in memory before it spills sorted runs to disk")
     parser.add_argument("--cc-rows-per-task", type=int,
-                        help="rows a connected-components task reads, about 170 bytes each (default 4 million)")
-    parser.add_argument("--removed", metavar="CORPUS2", help="also write the removed documents here")
+                        help="rows a connected-components task reads, about 170 bytes each "
+                             f"(default: {defaults.cc_rows_per_task:,})")
+    parser.add_argument("--removed", metavar="CORPUS2", help="also write the removed documents here (default: not "
+                                                             "written)")
     parser.add_argument("--against", metavar="CORPUS", action="append",
-                        help="dedup against an earlier corpus's signature index (repeat for several corpora)")
-    parser.add_argument("--shard-bytes", type=int, help="target shard size (default 256 MiB)")
-    parser.add_argument("--row-group-bytes", type=int, help="target row group size (default 4 MiB)")
+                        help="dedup against an earlier corpus's signature index (repeat for several corpora; "
+                             "default: none)")
+    size_flag("--shard-bytes", "target shard size")
+    size_flag("--row-group-bytes", "target row group size")
     parser.add_argument("--keep-work", action="store_true", default=None,
                         help="keep OUTPUT/_work (intermediate results) after success")
     parser.add_argument("--overwrite", action="store_true", default=None,
                         help="replace a committed corpus that a different job wrote in OUTPUT; re-running the same "
                              "job resumes without it")
-    parser.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
+    parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS"),
+                        help="connect to this Ray cluster (default: $RAY_ADDRESS, else a private local Ray)")
+    options.add_output_flags(parser, json_help="print the statistics as JSON on stdout")
 
 
 def load_job_file(path: str) -> dict[str, Any]:
-    """The options of a TOML job file (top level, or its ``[dedup]`` table)."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
+    """The options of a TOML job file (top level, or its ``[dedup]`` table); sizes may carry units
+    (``split_bytes = "64MiB"``). ValueError naming the file and key for a size that is not one."""
+    from pipeline.commands import options
 
-    with open(path, "rb") as handle:
-        data = tomllib.load(handle)
-    table = data.get("dedup", data)
-    return {key.replace("-", "_"): value for key, value in table.items()}
+    values = options.job_table(path, "dedup")
+    for key, value in values.items():
+        if key.endswith("_bytes"):
+            try:
+                values[key] = options.parse_size(value)
+            except ValueError as exc:
+                raise ValueError(f"{path}: {key.replace('_', '-')}: {exc}") from None
+    return values
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
@@ -100,17 +129,16 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.format import CorpusError
     from pipeline.job import DedupError, job_stages, run_dedup
     from pipeline.job.inputs import InputError
-    from pipeline.report.progress import stage_bar
+    from pipeline.report.progress import StageProgress
     from pipeline.report.stats_text import render
 
     ray_was_up = ray.is_initialized()  # a caller's Ray (tests, a notebook) stays up
     try:
         config = config_from_args(args)
-        if args.ray_address:
-            ray.init(address=args.ray_address)
-        bar, on_stage = stage_bar(job_stages(config), "dedup")
-        with bar:
-            stats = run_dedup(config, on_stage=on_stage)
+        if args.ray_address and not ray_was_up:
+            ray.init(address=args.ray_address, logging_level=logging.WARNING, log_to_driver=False)
+        progress = StageProgress("dedup", job_stages(config), quiet=args.quiet)
+        stats = run_dedup(config, progress=progress)
         empty = _why_empty(stats, config)
     except (DedupError, InputError, CorpusError, OSError, ValueError) as exc:
         print(f"gristmill dedup: {exc}", file=sys.stderr)
@@ -118,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if not ray_was_up:
             _stop_ray(ray)
-    print(render(stats))
+    print(json.dumps(stats, indent=2, sort_keys=True) if args.json else render(stats))
     if empty:
         print(empty, file=sys.stderr)
         return 1

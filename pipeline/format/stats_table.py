@@ -23,6 +23,11 @@ from pipeline.format.reader import Corpus
 from pipeline.format.schemas import STATS_BREAKDOWNS, STATS_SCHEMA
 
 STATS_FOLDER = "_stats"
+# Which domains lost documents to which: one key per pair, "loser domain -> survivor domain", counting
+# the removed documents (``input``, split into ``exact_duplicate`` and ``near_duplicate``, and their
+# ``input_bytes``); ``unknown`` where a document has no domain (or its survivor is an earlier corpus's).
+LOST_TO = "lost_to"
+BREAKDOWNS = (*STATS_BREAKDOWNS, LOST_TO)  # every breakdown of the table
 TOP_KEYS = 20  # keys per breakdown the manifest keeps
 COUNTS = tuple(name for name in STATS_SCHEMA.names if name not in ("breakdown", "key"))
 
@@ -65,6 +70,6 @@ def full_stats(corpus: Corpus) -> dict[str, Any]:
     if not stats_table_files(corpus.manifest):
         return stats
     rows = read_stats_table(corpus).to_pylist()
-    for breakdown in STATS_BREAKDOWNS:
+    for breakdown in BREAKDOWNS:
         stats[breakdown] = as_breakdown(breakdown, rank(breakdown, (r for r in rows if r["breakdown"] == breakdown)))
     return stats

@@ -39,21 +39,26 @@ from pipeline.job.datasets import (
     cluster_reps_schema,
     reps_schema,
     split_name,
+    with_survivor_columns,
 )
 from pipeline.job.exact import exact_clusters
 from pipeline.job.partitions import Partitions
 from pipeline.job.tasks import Job, map_splits, route_by_split, run_once
 from pipeline.job.workdir import partition_of
 
-_MEMBER_COLUMNS = ["key", "id", "length", "copies", "existing", "signature"]
+_MEMBER_COLUMNS = ["key", "id", "length", "copies", "existing", "prefer", "domain", "signature"]
 
 
 def _members(job: Job, split_index: int) -> pa.Table:
     """The split's clustered documents with their signatures and component label."""
     labels = job.work.read_partition(LABELS, split_index, components.LABEL_SCHEMA)
-    sigs = job.work.read_table(SIGNATURES.file(split_index), _MEMBER_COLUMNS)
+    if split_index < len(job.index_files):  # an earlier corpus's rows: no preference, no domain
+        sigs = with_survivor_columns(job.work.read_table(SIGNATURES.file(split_index), ["key", "id", "length", "copies",
+                                                                                         "existing", "signature"]))
+    else:
+        sigs = job.work.read_table(SIGNATURES.file(split_index), _MEMBER_COLUMNS)
     where = pc.index_in(labels["key"], value_set=sigs["key"].combine_chunks())
-    return sigs.take(where).append_column("label", labels["label"])
+    return sigs.select(_MEMBER_COLUMNS).take(where).append_column("label", labels["label"])
 
 
 def _best(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -62,7 +67,8 @@ def _best(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
     labels = table["label"].to_numpy()
     chosen = survivors(labels, table["length"].to_numpy(), table["id"],
-                       priority=table["existing"].to_numpy(zero_copy_only=False), weights=table["copies"].to_numpy())
+                       priority=table["existing"].to_numpy(zero_copy_only=False), weights=table["copies"].to_numpy(),
+                       preference=table["prefer"].to_numpy())
     at = find_sorted(chosen.label, labels)[0]
     return chosen.row[at], chosen.weight[at], chosen.label
 
@@ -93,7 +99,7 @@ def _cluster_reduce(job: Job, part: int) -> dict[str, Any]:
         back = pa.table({
             "key": table["key"], "label": table["label"], "rep_key": table["key"].take(chosen),
             "rep_id": table["id"].take(chosen), "cluster_size": pa.array(size, pa.int64()),
-            "rep_signature": table["signature"].take(chosen),
+            "rep_signature": table["signature"].take(chosen), "rep_domain": table["domain"].take(chosen),
         }, schema=cluster_reps_schema(job.params.num_perm))
         route_by_split(job, CLUSTER_REPS, part, back)
         return {"rows": table.num_rows, "clusters": int(labels.size)}
@@ -118,10 +124,10 @@ def _cluster_members(job: Job, split_index: int, exact_partitions: int) -> dict[
         out = pa.table({
             "key": members["key"], "cluster_id": reps["rep_id"].take(at), "cluster_size": reps["cluster_size"].take(at),
             "rep_key": reps["rep_key"].take(at), "rep_id": reps["rep_id"].take(at),
-            "similarity": pa.array(similarity, pa.float64()),
+            "similarity": pa.array(similarity, pa.float64()), "rep_domain": reps["rep_domain"].take(at),
         }, schema=CLUSTER_OUT_SCHEMA)
         job.work.write_table(CLUSTERS_OUT.file(split_index), out)
-        held = out.select(["key", "cluster_id", "cluster_size"]).filter(pc.greater(members["copies"], 1))
+        held = out.select(["key", "cluster_id", "cluster_size", "rep_domain"]).filter(pc.greater(members["copies"], 1))
         job.work.write_partitioned(CLUSTERED_SURVIVORS, split_name(split_index), held,
                                    partition_of(held["key"].to_numpy(), exact_partitions), exact_partitions)
         return {"members": out.num_rows}

@@ -43,6 +43,7 @@ class DedupConfig:
     against: list[str] = field(default_factory=list)  # earlier corpora; one may be given as a string
     shard_bytes: int = 256 * 1024 * 1024
     row_group_bytes: int = 4 * 1024 * 1024
+    prefer: str | list[str] = "longest"  # the survivor policy (pipeline.job.prefer); a list: ranked domains
     keep_work: bool = False
     overwrite: bool = False  # replace a committed corpus another job wrote in output/removed
     storage_options: dict[str, Any] = field(default_factory=dict)

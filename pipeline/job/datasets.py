@@ -98,13 +98,13 @@ HASH_SIGNATURES = PerSplit("hash_sigs")  # hash_signature_schema: one signature 
 REJECTS = PerSplit("rejects")  # pipeline.format.REJECT_SCHEMA
 # exact: per split (index files included), then per content-hash partition
 EXACT_MAP_DONE = Records("exact/map")
-EXACT_IN = Shuffled("exact_in")  # EXACT_SCHEMA: a split's best row and row count per content hash, by hash
+EXACT_IN = Shuffled("exact_in")  # EXACT_IN_SCHEMA: a split's best row and row count per content hash, by hash
 EXACT_DONE = Records("exact/done")
 EXACT_OUT = BySplit("exact_out")  # EXACT_OUT_SCHEMA: per duplicated text and split holding it, by split
 EXACT_BY_REP = Shuffled("exact_by_rep")  # EXACT_BY_REP_SCHEMA: splits holding copies, by survivor key
 # sign: per split (read writes the --against pseudo-splits' signatures)
 SIGN_DONE = Records("sign/done")
-SIGNATURES = PerSplit("sigs")  # sig_schema
+SIGNATURES = PerSplit("sigs")  # signed_schema (an --against pseudo-split: sig_schema)
 BUCKETS_IN = Shuffled("buckets_in")  # BUCKET_SCHEMA, by band hash
 VERIFY_SIGS = Shuffled("verify_sigs")  # key_signature_schema, by key (with verification)
 # buckets: per band-hash partition
@@ -188,25 +188,41 @@ DOC_SCHEMA = pa.schema([
     ("key", pa.int64()), ("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
     ("domain", pa.string()), ("language", pa.string()), ("fetch_time", pa.timestamp("ms", tz="UTC")),
     ("content_hash", pa.string()), ("length", pa.int64()), ("origin", pa.string()),
+    ("prefer", pa.int64()),  # the survivor policy's key (pipeline.job.prefer), higher wins
 ])
+# What the survivor choice carries besides ``length``: the policy's key, and the domain, so that each
+# removed document learns its survivor's domain (the statistics' ``lost_to``). An earlier corpus's
+# rows (--against) have neither: see with_survivor_columns.
+SURVIVOR_FIELDS = [pa.field("prefer", pa.int64()), pa.field("domain", pa.string())]
 EXACT_SCHEMA = pa.schema([
     ("content_hash", pa.string()), ("key", pa.int64()), ("id", pa.string()), ("length", pa.int64()),
     ("existing", pa.bool_()), ("count", pa.int64()),
 ])
+EXACT_IN_SCHEMA = pa.schema([*EXACT_SCHEMA, *SURVIVOR_FIELDS])  # EXACT_SCHEMA: an earlier corpus's rows
 EXACT_OUT_SCHEMA = pa.schema([
     ("content_hash", pa.string()), ("key", pa.int64()), ("rep_key", pa.int64()), ("rep_id", pa.string()),
-    ("copies", pa.int64()),
+    ("copies", pa.int64()), ("rep_domain", pa.string()),
 ])
 BUCKET_SCHEMA = pa.schema([("hash", pa.uint64()), ("key", pa.int64())])
 CANDIDATE_SCHEMA = pa.schema([("left", pa.int64()), ("right", pa.int64())])
 CLUSTER_OUT_SCHEMA = pa.schema([
     ("key", pa.int64()), ("cluster_id", pa.string()), ("cluster_size", pa.int64()), ("rep_key", pa.int64()),
-    ("rep_id", pa.string()), ("similarity", pa.float64()),
+    ("rep_id", pa.string()), ("similarity", pa.float64()), ("rep_domain", pa.string()),
 ])
 EXACT_BY_REP_SCHEMA = pa.schema([("key", pa.int64()), ("rep_key", pa.int64())])
-CLUSTER_OF_SCHEMA = pa.schema([("key", pa.int64()), ("cluster_id", pa.string()), ("cluster_size", pa.int64())])
-EXACT_CLUSTER_SCHEMA = EXACT_BY_REP_SCHEMA.append(pa.field("cluster_id", pa.string())).append(
-    pa.field("cluster_size", pa.int64()))
+CLUSTER_OF_SCHEMA = pa.schema([("key", pa.int64()), ("cluster_id", pa.string()), ("cluster_size", pa.int64()),
+                               ("rep_domain", pa.string())])
+EXACT_CLUSTER_SCHEMA = pa.schema([*EXACT_BY_REP_SCHEMA, *CLUSTER_OF_SCHEMA.remove(0)])
+
+
+def with_survivor_columns(table: pa.Table) -> pa.Table:
+    """``table`` with the SURVIVOR_FIELDS it lacks: an earlier corpus's rows (``pipeline.job.earlier``)
+    get preference 0 and no domain; they win their group by ``existing`` whatever the policy."""
+    for spec in SURVIVOR_FIELDS:
+        if spec.name not in table.column_names:
+            value = 0 if spec.name == "prefer" else None
+            table = table.append_column(spec, pa.array([value] * table.num_rows, spec.type))
+    return table
 
 
 def key_signature_schema(num_perm: int) -> pa.Schema:
@@ -223,7 +239,7 @@ def reps_schema(num_perm: int) -> pa.Schema:
     """A split's best member of a cluster, with the documents (exact copies included) the split holds
     of it in ``copies``, shuffled by label for the survivor choice."""
     return pa.schema([("key", pa.int64()), ("id", pa.string()), ("length", pa.int64()),
-                      ("copies", pa.int64()), ("existing", pa.bool_()),
+                      ("copies", pa.int64()), ("existing", pa.bool_()), *SURVIVOR_FIELDS,
                       ("signature", pa.list_(pa.uint64(), num_perm)), ("label", pa.int64())])
 
 
@@ -231,7 +247,8 @@ def cluster_reps_schema(num_perm: int) -> pa.Schema:
     """A cluster's survivor and size, on its way back to a split that holds members (``key``: the
     split's best member)."""
     return pa.schema([("key", pa.int64()), ("label", pa.int64()), ("rep_key", pa.int64()), ("rep_id", pa.string()),
-                      ("cluster_size", pa.int64()), ("rep_signature", pa.list_(pa.uint64(), num_perm))])
+                      ("cluster_size", pa.int64()), ("rep_signature", pa.list_(pa.uint64(), num_perm)),
+                      ("rep_domain", pa.string())])
 
 
 def sig_schema(num_perm: int, bands: int) -> pa.Schema:
@@ -241,6 +258,11 @@ def sig_schema(num_perm: int, bands: int) -> pa.Schema:
         ("copies", pa.int64()), ("existing", pa.bool_()),
         ("signature", pa.list_(pa.uint64(), num_perm)), ("bands", pa.list_(pa.uint64(), bands)),
     ])
+
+
+def signed_schema(num_perm: int, bands: int) -> pa.Schema:
+    """A new-input split's signed documents: ``sig_schema`` with the SURVIVOR_FIELDS."""
+    return pa.schema([*sig_schema(num_perm, bands), *SURVIVOR_FIELDS])
 
 
 def hash_signature_schema(num_perm: int) -> pa.Schema:

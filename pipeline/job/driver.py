@@ -12,7 +12,7 @@ import os
 import posixpath
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -75,11 +75,20 @@ def job_stages(config: DedupConfig) -> tuple[str, ...]:
                  if (stage != "verify" or config.verify) and (stage != "against" or config.against))
 
 
-def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+class JobProgress(Protocol):
+    """What the job tells a progress display (``pipeline.report.progress.StageProgress``)."""
+
+    def begin(self, stage: str, total_bytes: int | None = None) -> None: ...
+    def task_done(self, result: dict[str, Any]) -> None: ...
+    def end(self, stage: str, resumed: bool = False) -> None: ...
+
+
+def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None,
+              progress: JobProgress | None = None) -> dict[str, Any]:
     """Run the whole job (initialising local Ray if nothing is connected); returns the manifest stats.
 
-    ``on_stage(name)`` is called as each stage of ``job_stages(config)`` finishes or is found finished (resume),
-    for progress bars.
+    ``on_stage(name)`` is called as each stage of ``job_stages(config)`` finishes or is found finished (resume);
+    ``progress`` hears each stage begin and end and each of its tasks finish, for progress inside stages.
     """
     import ray
 
@@ -99,8 +108,10 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     finished = claim_folders(config, files, fingerprint)
     if finished is not None:  # this very job committed already: re-running it is an idempotent resume
         _remove_stale(config, finished)
-        if on_stage is not None:
-            for name in job_stages(config):
+        for name in job_stages(config):
+            if progress is not None:
+                progress.end(name, resumed=True)
+            if on_stage is not None:
                 on_stage(name)
         return finished.stats
     work = WorkDir(posixpath.join(config.output.rstrip("/"), WORK_FOLDER), config.storage_options)
@@ -113,7 +124,8 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     work.write_json(JOB_RECORD, identity)
     # the context every task shares: without the plan (a read task is sent its own split) and without
     # the INPUT list, which can name as many files as the plan
-    job = Job(dataclasses.replace(config, inputs=[]), params, work, index_files, fingerprint, len(splits), preference)
+    job = Job(dataclasses.replace(config, inputs=[]), params, work, index_files, fingerprint, len(splits), preference,
+              on_task=progress.task_done if progress is not None else None)
 
     if not ray.is_initialized():
         # RAY_ADDRESS (set by `ray job submit`) joins that cluster; otherwise start a private local Ray
@@ -124,27 +136,31 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
             for name, value in WORKER_ALLOCATOR_ENV.items():  # inherited by the workers this starts
                 os.environ.setdefault(name, value)
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
-    run_tasks = make_runner(ray)
+    run_tasks = make_runner(ray, job.on_task)
     timings: dict[str, float] = dict(work.read_json(TIMINGS) or {})
     resumed: list[str] = []
 
-    def stage(name: str, body: Callable[[], Any]) -> Any:
+    def stage(name: str, body: Callable[[], Any], total_bytes: int | None = None) -> Any:
         record = work.read_json(stage_record(name))
         if record is not None:
             resumed.append(name)
             result = record["result"]
         else:
+            if progress is not None:
+                progress.begin(name, total_bytes)
             begin = time.time()
             result = body()
             timings[name] = round(time.time() - begin, 3)
             work.write_json(TIMINGS, timings)
             work.write_json(stage_record(name), {"result": result})
+        if progress is not None:
+            progress.end(name, resumed=record is not None)
         if on_stage is not None:
             on_stage(name)
         return result
 
     read = stage("read", lambda: map_splits(read_index_split, job, whole_indices(job))
-                 + run_read(job, splits))
+                 + run_read(job, splits), total_bytes=sum(s.bytes for s in splits))
     parts = partitions_for(sum(r["docs"] for r in read), params, config.num_partitions,  # follow the rows
                            config.partition_bytes)
     exact = stage("exact", lambda: run_exact(job, parts.exact, run_tasks))

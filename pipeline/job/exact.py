@@ -29,13 +29,14 @@ from pipeline.job.datasets import (
     EXACT_CLUSTERS_DONE,
     EXACT_DONE,
     EXACT_IN,
+    EXACT_IN_SCHEMA,
     EXACT_MAP_DONE,
     EXACT_OUT,
     EXACT_OUT_SCHEMA,
-    EXACT_SCHEMA,
     SIGNATURES,
     partition_name,
     split_name,
+    with_survivor_columns,
 )
 from pipeline.job.earlier import exact_rows, shuffled_indices
 from pipeline.job.tasks import Job, map_splits, route_by_split, run_once
@@ -68,7 +69,8 @@ def _best_per_hash(table: pa.Table, weights: np.ndarray) -> tuple[np.ndarray, np
 
     labels = pc.dictionary_encode(table["content_hash"].combine_chunks()).indices.to_numpy()
     chosen = survivors(labels, table["length"].to_numpy(), table["id"],
-                       priority=table["existing"].to_numpy(zero_copy_only=False), weights=weights)
+                       priority=table["existing"].to_numpy(zero_copy_only=False), weights=weights,
+                       preference=table["prefer"].to_numpy())
     # the labels are 0..G-1, all present, so chosen's arrays are indexed by label
     return chosen.row, chosen.row[labels], chosen.weight[labels]
 
@@ -82,12 +84,16 @@ def exact_map(job: Job, split_index: int, partitions: int) -> dict[str, Any]:
 
     def compute() -> dict[str, Any]:
         existing = split_index < len(job.index_files)
-        source = SIGNATURES if existing else DOCS
-        columns = ["content_hash", "key", "id", "length"]
-        table = job.work.read_table(source.file(split_index), columns).select(columns)
+        if existing:
+            table = with_survivor_columns(job.work.read_table(SIGNATURES.file(split_index),
+                                                              ["content_hash", "key", "id", "length"]))
+        else:
+            table = job.work.read_table(DOCS.file(split_index), ["content_hash", "key", "id", "length", "prefer",
+                                                                 "domain"])
         table = table.append_column("existing", pa.array(np.full(table.num_rows, existing), pa.bool_()))
         best, _, count = _best_per_hash(table, np.ones(table.num_rows, np.int64))
         rows = table.take(pa.array(best)).append_column("count", pa.array(count[best], pa.int64()))
+        rows = rows.select(EXACT_IN_SCHEMA.names)
         job.work.write_partitioned(EXACT_IN, split_name(split_index), rows,
                                    _hash_partition(rows["content_hash"], partitions), partitions)
         return {"rows": rows.num_rows}
@@ -99,9 +105,9 @@ def exact_partition(job: Job, part: int, partitions: int) -> dict[str, Any]:
     """Reduce, once: each duplicated hash's survivor and count, to every split holding the text."""
 
     def compute() -> dict[str, Any]:
-        table = job.work.read_partition(EXACT_IN, part, EXACT_SCHEMA)
+        table = job.work.read_partition(EXACT_IN, part, EXACT_IN_SCHEMA)
         earlier, earlier_bytes = exact_rows(job, table["content_hash"])  # --against: the matching rows only
-        table = pa.concat_tables([earlier, table]).sort_by("key")
+        table = pa.concat_tables([with_survivor_columns(earlier), table]).sort_by("key")
         keys = table["key"].to_numpy()
         count = table["count"].to_numpy()
         best, rep, total = _best_per_hash(table, count)
@@ -110,7 +116,7 @@ def exact_partition(job: Job, part: int, partitions: int) -> dict[str, Any]:
         out = pa.table({
             "content_hash": table["content_hash"], "key": pa.array(keys, pa.int64()),
             "rep_key": pa.array(keys[rep], pa.int64()), "rep_id": ids.take(pa.array(rep)),
-            "copies": pa.array(total, pa.int64()),
+            "copies": pa.array(total, pa.int64()), "rep_domain": table["domain"].take(pa.array(rep)),
         }, schema=EXACT_OUT_SCHEMA).filter(pa.array(duplicated))
         route_by_split(job, EXACT_OUT, part, out)
         # the splits holding a copy (not only the survivor), by survivor key: see exact_clusters
@@ -125,10 +131,10 @@ def exact_partition(job: Job, part: int, partitions: int) -> dict[str, Any]:
 
 def exact_of(job: Job, split_index: int, hashes: pa.ChunkedArray | pa.Array) -> pa.Table:
     """The exact group of each of a split's documents, given their content ``hashes``: ``rep_key``,
-    ``rep_id`` and ``copies`` (the group's size), null for a text no other document has."""
+    ``rep_id``, ``copies`` (the group's size) and ``rep_domain``, null for a text no other document has."""
     groups = job.work.read_partition(EXACT_OUT, split_index, EXACT_OUT_SCHEMA)
     where = pc.index_in(hashes, value_set=groups["content_hash"].combine_chunks())
-    return groups.select(["rep_key", "rep_id", "copies"]).take(where)
+    return groups.select(["rep_key", "rep_id", "copies", "rep_domain"]).take(where)
 
 
 def exact_clusters(job: Job, part: int) -> dict[str, Any]:
@@ -145,8 +151,9 @@ def exact_clusters(job: Job, part: int) -> dict[str, Any]:
         where = pc.index_in(holders["rep_key"], value_set=clustered["key"].combine_chunks())
         holders = holders.filter(where.is_valid())
         where = where.drop_null()
-        out = holders.append_column("cluster_id", clustered["cluster_id"].take(where)).append_column(
-            "cluster_size", clustered["cluster_size"].take(where))
+        out = holders
+        for name in ("cluster_id", "cluster_size", "rep_domain"):
+            out = out.append_column(name, clustered[name].take(where))
         route_by_split(job, EXACT_CLUSTERS, part, out)
         return {"groups": out.num_rows}
 

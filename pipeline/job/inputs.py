@@ -122,6 +122,8 @@ class Doc:
     language: str | None
     fetch_time: _dt.datetime | None
     position: str
+    url: str | None = None  # the document's own URL, when it has one (``source`` may be the input file)
+    preferred: Any = None  # the value of the input column the survivor policy reads (ReadOptions.prefer_column)
 
 
 @dataclass
@@ -147,6 +149,7 @@ class ReadOptions:
     text_column: str = "text"
     id_column: str = "id"
     max_doc_bytes: int = 10 * 1024 * 1024
+    prefer_column: str | None = None  # the survivor policy's column (pipeline.job.prefer), read as Doc.preferred
 
 
 def classify(path: str) -> tuple[str, str | None] | None:
@@ -695,6 +698,8 @@ def _record_doc(item: InputFile, position: str, text: str, url: Any, fields: Map
         language=_optional_str(fields.get("language")),
         fetch_time=_parse_time(fields.get("fetch_time")),
         position=position,
+        url=url,
+        preferred=fields.get(options.prefer_column) if options.prefer_column else None,
     )
 
 
@@ -749,7 +754,8 @@ def _read_parquet(piece: Piece, options: ReadOptions,
             if first:
                 yield Reject(item.source, "file", "unparseable", problem, item.size, count=metadata.num_rows)
             return
-        wanted = [c for c in dict.fromkeys([options.text_column, options.id_column, *_PARQUET_EXTRA])
+        extra = [options.prefer_column] if options.prefer_column else []
+        wanted = [c for c in dict.fromkeys([options.text_column, options.id_column, *_PARQUET_EXTRA, *extra])
                   if schema.names.count(c) == 1]
         row = 0
         for group, rows in enumerate(group_rows):
@@ -1056,5 +1062,6 @@ def _warc_record(item: InputFile, framed: _WarcRecord, position: str, options: R
         language=language,
         fetch_time=_parse_time(record.rec_headers.get_header("WARC-Date")),
         position=position,
+        url=url,
     )
     return _check(doc, len(body), options)

@@ -13,16 +13,21 @@ from pipeline.format.signature_index import IndexFile, IndexParams, listed_index
 from pipeline.job.config import DedupConfig, DedupError
 from pipeline.job.folders import FolderError, check_disjoint, claim
 from pipeline.job.inputs import InputFile, Split
+from pipeline.job.prefer import LONGEST, Preference
 
 
-def job_fingerprint(config: DedupConfig, params: IndexParams, splits: list[Split], index_files: list[IndexFile]) -> str:
-    """What the result depends on; a work folder from another job is discarded, not mixed in."""
+def job_fingerprint(config: DedupConfig, params: IndexParams, splits: list[Split], index_files: list[IndexFile],
+                    preference: Preference = LONGEST) -> str:
+    """What the result depends on; a work folder from another job is discarded, not mixed in. (The
+    default policy adds nothing: its runs keep the fingerprint, so the file names, they had before.)"""
     payload = {
         "splits": [[[p.file.url, p.file.size, p.start, p.end] for p in s.pieces] for s in splits],  # where files are cut
         "params": dataclasses.asdict(params), "index": [[f.url, f.bands_url] for f in index_files], "text_column": config.text_column,
         "id_column": config.id_column, "max_doc_bytes": config.max_doc_bytes, "removed": config.removed,
         "shard_bytes": config.shard_bytes, "row_group_bytes": config.row_group_bytes,
     }
+    if preference != LONGEST:
+        payload["prefer"] = preference.identity()
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 

@@ -7,7 +7,7 @@ have, join the exact and band shuffles (from ``sigs/``, as a signed split's do).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -84,7 +84,7 @@ def _read_split_now(job: Job, split: Split) -> dict[str, Any]:
     with job.work.table_writer(DOCS.file(split_index), DOC_SCHEMA) as writer:
         for batch in _document_batches(job, split, rejects):
             check_split_rows(ordinal + len(batch), f"split {split_index} ({split.pieces[0].file.url}, ...)")
-            table, signatures = _document_table(split_index, ordinal, batch, hasher, seen)
+            table, signatures = _document_table(split_index, ordinal, batch, hasher, seen, job.preference.keys)
             writer.write_table(table)
             signed.append(signatures)
             ordinal += table.num_rows
@@ -98,7 +98,7 @@ def _read_split_now(job: Job, split: Split) -> dict[str, Any]:
         "origin": [o for _, o in rejects],
     }, schema=REJECT_SCHEMA)
     job.work.write_table(REJECTS.file(split_index), reject_table)
-    return {"docs": ordinal, "rejected": sum(r.count for r, _ in rejects)}
+    return {"docs": ordinal, "rejected": sum(r.count for r, _ in rejects), "bytes": split.bytes}
 
 
 def _document_batches(job: Job, split: Split, rejects: list[tuple[Reject, str]]) -> Iterator[list[tuple[Doc, str]]]:
@@ -106,7 +106,7 @@ def _document_batches(job: Job, split: Split, rejects: list[tuple[Reject, str]])
     rejected records go to ``rejects``. A document without an id gets one from its file and position,
     which a cut file gives as a whole one does."""
     config = job.config
-    options = ReadOptions(config.text_column, config.id_column, config.max_doc_bytes)
+    options = ReadOptions(config.text_column, config.id_column, config.max_doc_bytes, job.preference.input_column)
     batch: list[tuple[Doc, str]] = []
     size = 0
     for piece in split.pieces:
@@ -127,9 +127,10 @@ def _document_batches(job: Job, split: Split, rejects: list[tuple[Reject, str]])
 
 
 def _document_table(split_index: int, first: int, batch: list[tuple[Doc, str]], hasher: Any,
-                    seen: set[str]) -> tuple[pa.Table, pa.Table]:
-    """One batch as rows of the split's documents file (keys from ``first`` on, content hashes), and
-    the MinHash signature of each content hash not in ``seen`` (then added to it).
+                    seen: set[str], preference: Callable[[list[Doc]], np.ndarray]) -> tuple[pa.Table, pa.Table]:
+    """One batch as rows of the split's documents file (keys from ``first`` on, content hashes, the
+    survivor policy's key of each document by ``preference``), and the MinHash signature of each
+    content hash not in ``seen`` (then added to it).
 
     Signing here, from the batch normalised for the content hash, spares the sign stage a second read
     and normalisation of every text. Equal content hashes mean equal normalised texts, hence equal
@@ -156,8 +157,8 @@ def _document_table(split_index: int, first: int, batch: list[tuple[Doc, str]], 
         "source": [d.source for d in docs], "domain": [d.domain for d in docs],
         "language": [d.language for d in docs], "fetch_time": [d.fetch_time for d in docs],
         "content_hash": hashes,
-        "length": [len(t) for t in texts],  # characters: the survivor policy prefers the longest text
-        "origin": [o for _, o in batch],
+        "length": [len(t) for t in texts],  # characters: the survivor choice's tie-break after "prefer"
+        "origin": [o for _, o in batch], "prefer": pa.array(preference(docs), pa.int64()),
     }, schema=DOC_SCHEMA)
     signed = pa.table({"content_hash": [hashes[i] for i in new], "signature": fixed_list(signatures)},
                       schema=hash_signature_schema(hasher.num_perm))

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from pipeline.format.signature_index import fixed_list, list_matrix
 from pipeline.job.buckets import shuffle_bands
 from pipeline.job.config import DedupError
-from pipeline.job.datasets import DOCS, HASH_SIGNATURES, SIGN_DONE, SIGNATURES, sig_schema
+from pipeline.job.datasets import DOCS, HASH_SIGNATURES, SIGN_DONE, SIGNATURES, signed_schema
 from pipeline.job.exact import exact_of
 from pipeline.job.partitions import Partitions
 from pipeline.job.tasks import Job, run_once
@@ -43,7 +43,7 @@ def _signed(job: Job, split_index: int) -> pa.Table:
     read), their exact copies' count and band hashes."""
     from dedup.lsh import band_hashes
 
-    docs = job.work.read_table(DOCS.file(split_index), ["key", "id", "content_hash", "length"])
+    docs = job.work.read_table(DOCS.file(split_index), ["key", "id", "content_hash", "length", "prefer", "domain"])
     exact = exact_of(job, split_index, docs["content_hash"])
     survivor = pc.fill_null(pc.equal(exact["rep_key"], docs["key"]), True)  # null: a text of its own
     docs, copies = docs.filter(survivor), pc.fill_null(exact["copies"].filter(survivor), 1)
@@ -59,4 +59,5 @@ def _signed(job: Job, split_index: int) -> pa.Table:
         "key": docs["key"], "id": docs["id"], "content_hash": docs["content_hash"], "length": docs["length"],
         "copies": copies, "existing": pa.array(np.zeros(docs.num_rows, bool)),
         "signature": signatures, "bands": fixed_list(bands),  # (the column as read, not rebuilt from matrix)
-    }, schema=sig_schema(job.params.num_perm, job.params.bands))
+        "prefer": docs["prefer"], "domain": docs["domain"],
+    }, schema=signed_schema(job.params.num_perm, job.params.bands))

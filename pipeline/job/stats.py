@@ -24,10 +24,10 @@ import pyarrow.compute as pc
 import xxhash
 
 from pipeline.format import REJECT_KINDS
-from pipeline.format.schemas import STATS_BREAKDOWNS, STATS_SCHEMA
+from pipeline.format.schemas import STATS_SCHEMA
 from pipeline.format.signature_index import IndexParams
 from pipeline.format.sorted_parquet import groups_in_partition, open_counted, range_partition
-from pipeline.format.stats_table import COUNTS, TOP_KEYS, as_breakdown, rank
+from pipeline.format.stats_table import BREAKDOWNS, COUNTS, LOST_TO, TOP_KEYS, as_breakdown, rank
 from pipeline.job.config import DedupConfig
 from pipeline.job.datasets import REJECTS, SPLIT_STATS, STATS_DONE, stats_file
 from pipeline.job.tasks import Job, run_once
@@ -41,9 +41,10 @@ _SOURCES = (("by_source", "origin"), ("by_domain", "domain"), ("by_language", "l
 
 
 def split_stats(job: Job, split_index: int, docs: pa.Table, status: np.ndarray, cluster_size: np.ndarray,
-                lengths: np.ndarray) -> dict[str, Any]:
-    """The split's totals for the driver (``lengths``: UTF-8 bytes per document); its breakdown table
-    goes to ``SPLIT_STATS`` (``stats_rows`` says how many rows, to size the reduce)."""
+                lengths: np.ndarray, survivor_domain: np.ndarray) -> dict[str, Any]:
+    """The split's totals for the driver (``lengths``: UTF-8 bytes per document; ``survivor_domain``:
+    the domain of each removed document's survivor); its breakdown table goes to ``SPLIT_STATS``
+    (``stats_rows`` says how many rows, to size the reduce)."""
     from dedup.core import STATUSES
 
     rejects = job.work.read_table(REJECTS.file(split_index))
@@ -54,14 +55,14 @@ def split_stats(job: Job, split_index: int, docs: pa.Table, status: np.ndarray, 
     by_kind = {row["kind"]: int(row["count_sum"]) for row in kinds}
     totals["rejected"] = {kind: by_kind.get(kind, 0) for kind in REJECT_KINDS}
     totals["rejected_bytes"] = int(pc.sum(rejects["bytes"]).as_py() or 0)
-    table = _split_table(docs, status, cluster_size, lengths, rejects)
+    table = _split_table(docs, status, cluster_size, lengths, rejects, survivor_domain)
     with job.work.table_writer(SPLIT_STATS.file(split_index), SPLIT_STATS_SCHEMA) as writer:
         writer.write_table(table, row_group_size=STATS_GROUP_ROWS)
     return {"totals": totals, "stats_rows": table.num_rows}
 
 
 def _split_table(docs: pa.Table, status: np.ndarray, cluster_size: np.ndarray, lengths: np.ndarray,
-                 rejects: pa.Table) -> pa.Table:
+                 rejects: pa.Table, survivor_domain: np.ndarray) -> pa.Table:
     """One row per (breakdown, key) of the split with its counts, sorted by the hash of (breakdown, key)."""
     n = docs.num_rows
     zeros = np.zeros(n, np.int64)
@@ -71,9 +72,11 @@ def _split_table(docs: pa.Table, status: np.ndarray, cluster_size: np.ndarray, l
               "input_bytes": lengths.astype(np.int64), "kept_bytes": lengths * kept, "rejected_bytes": zeros}
     parts = []
     for breakdown, column in _SOURCES:
-        values = pc.fill_null(docs[column], "")
-        keys = pc.if_else(pc.equal(values, ""), "unknown", values)
-        parts.append(_rows(breakdown, keys, counts))
+        parts.append(_rows(breakdown, _named(docs[column]), counts))
+    removed = status != 0  # lost_to: "loser domain -> survivor domain", one row per removed document
+    pairs = pc.binary_join_element_wise(_named(docs["domain"].filter(pa.array(removed))),
+                                        _named(pa.array(survivor_domain[removed], pa.string())), " -> ")
+    parts.append(_rows(LOST_TO, pairs, {name: values[removed] for name, values in counts.items()}))
     clustered = cluster_size > 1  # cluster sizes count clusters as ``kept``: one kept document each
     parts.append(_rows("cluster_sizes", pa.array(cluster_size[clustered].astype(str)),
                        {name: values[clustered] for name, values in counts.items()}))
@@ -87,6 +90,12 @@ def _split_table(docs: pa.Table, status: np.ndarray, cluster_size: np.ndarray, l
         table["breakdown"].to_pylist(), table["key"].to_pylist(), strict=True)]
     table = table.append_column("hash", pa.array(hashes, pa.uint64()))
     return table.sort_by([("hash", "ascending"), ("breakdown", "ascending"), ("key", "ascending")])
+
+
+def _named(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Keys of a breakdown: a missing or empty one is ``unknown``."""
+    values = pc.fill_null(values, "")
+    return pc.if_else(pc.equal(values, ""), "unknown", values)
 
 
 def _rows(breakdown: str, keys: pa.Array | pa.ChunkedArray, counts: Mapping[str, np.ndarray]) -> pa.Table:
@@ -119,9 +128,9 @@ def reduce_stats(job: Job, part: int, parts: int) -> dict[str, Any]:
         table = _summed(pieces).sort_by([("breakdown", "ascending"), ("key", "ascending")])
         name = stats_file(job.fingerprint, part)
         WorkDir(job.config.output, job.config.storage_options).write_table(name, table)
-        keys = {b: 0 for b in STATS_BREAKDOWNS}
+        keys = {b: 0 for b in BREAKDOWNS}
         top: dict[str, list[dict[str, Any]]] = {}
-        for breakdown in STATS_BREAKDOWNS:
+        for breakdown in BREAKDOWNS:
             rows = table.filter(pc.equal(table["breakdown"], breakdown)).to_pylist()
             keys[breakdown] = len(rows)
             top[breakdown] = rank(breakdown, rows)[:TOP_KEYS]
@@ -137,8 +146,8 @@ def run_stats(job: Job, split_rows: int, run_tasks: Callable[..., list[Any]]) ->
     records = run_tasks(reduce_stats, [(job, part, parts) for part in range(parts)])
     return {
         "files": [r["file"] for r in records],
-        "keys": {b: sum(r["keys"][b] for r in records) for b in STATS_BREAKDOWNS},
-        "top": {b: rank(b, [row for r in records for row in r["top"][b]])[:TOP_KEYS] for b in STATS_BREAKDOWNS},
+        "keys": {b: sum(r["keys"][b] for r in records) for b in BREAKDOWNS},
+        "top": {b: rank(b, [row for r in records for row in r["top"][b]])[:TOP_KEYS] for b in BREAKDOWNS},
     }
 
 
@@ -174,7 +183,7 @@ def final_stats(totals: dict[str, Any], table: Mapping[str, Any], timings: Mappi
                   "rejected_records": totals.get("rejected_bytes", 0)},
         "approx_tokens": {"input_documents": totals.get("bytes_in", 0) // BYTES_PER_TOKEN,
                           "kept": totals.get("bytes_kept", 0) // BYTES_PER_TOKEN},
-        **{b: as_breakdown(b, table["top"][b]) for b in STATS_BREAKDOWNS},
+        **{b: as_breakdown(b, table["top"][b]) for b in BREAKDOWNS},
         "breakdown_keys": dict(table["keys"]),
         "components": dict(cc),
         "stage_seconds": dict(timings),

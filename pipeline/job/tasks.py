@@ -14,6 +14,7 @@ from pipeline.format.signature_index import IndexFile, IndexParams
 from pipeline.job.config import DedupConfig
 from pipeline.job.datasets import BySplit, partition_name
 from pipeline.job.inputs import KEY_BITS
+from pipeline.job.prefer import LONGEST, Preference
 from pipeline.job.workdir import WorkDir
 
 Item = TypeVar("Item")
@@ -32,6 +33,9 @@ class Job:
     index_files: list[IndexFile]  # --against: one pseudo-split per index file
     fingerprint: str
     num_splits: int  # splits of the new input, numbered after the index files' pseudo-splits
+    preference: Preference = LONGEST  # the survivor policy, parsed (a domain file read) by the driver
+    # the driver's progress: called with each finished task's result (never sent to a task)
+    on_task: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False, compare=False)
     _reference: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -52,7 +56,7 @@ class Job:
         return self._reference
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_reference": None}
+        return {**self.__dict__, "_reference": None, "on_task": None}
 
 
 def run_once(work: WorkDir, marker: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -78,12 +82,22 @@ def task_arguments(arguments: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(a.reference() if isinstance(a, Job) else a for a in arguments)
 
 
-def make_runner(ray: Any) -> Callable[..., list[Any]]:
-    """Ray tasks for the shuffle reducers: one task per partition, retried when a node dies."""
+def make_runner(ray: Any, on_task: Callable[[dict[str, Any]], None] | None = None) -> Callable[..., list[Any]]:
+    """Ray tasks for the shuffle reducers: one task per partition, retried when a node dies; ``on_task``
+    hears each task's result as it finishes (progress inside a stage)."""
 
     def run_tasks(function: Callable[..., Any], argument_lists: list[tuple[Any, ...]]) -> list[Any]:
         remote = ray.remote(num_cpus=1, max_retries=5, retry_exceptions=False)(function)
-        return ray.get([remote.remote(*task_arguments(arguments)) for arguments in argument_lists])
+        refs = [remote.remote(*task_arguments(arguments)) for arguments in argument_lists]
+        if on_task is None:
+            return ray.get(refs)
+        pending = set(refs)
+        while pending:  # what finished within a second, in one call: no O(tasks) call per finished task
+            done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=1.0)
+            for result in ray.get(done):
+                on_task(result if isinstance(result, dict) else {})
+            pending.difference_update(done)
+        return ray.get(refs)
 
     return run_tasks
 
@@ -98,4 +112,4 @@ def map_splits(function: Callable[[Job, Item], dict[str, Any]], job: Job, items:
     """
     import ray
 
-    return make_runner(ray)(function, [(job, item) for item in items]) if items else []
+    return make_runner(ray, job.on_task)(function, [(job, item) for item in items]) if items else []

@@ -46,6 +46,7 @@ def _write_split_now(job: Job, split_index: int) -> dict[str, Any]:
     cluster_size = np.ones(n, np.int64)
     duplicate_of: list[str | None] = [None] * n
     similarity = np.full(n, np.nan)
+    survivor_domain = np.full(n, None, object)  # a removed document's final survivor's domain (lost_to)
 
     # the exact group, unless a near cluster holds its survivor (below)
     member = exact["rep_key"].is_valid().to_numpy(zero_copy_only=False)
@@ -54,14 +55,17 @@ def _write_split_now(job: Job, split_index: int) -> dict[str, Any]:
     rep_ids = exact["rep_id"].to_pylist()
     status[copy] = 1
     similarity[copy] = 1.0
+    exact_domains = exact["rep_domain"].to_pylist()
     for pos in np.flatnonzero(copy):
         duplicate_of[pos] = cluster_id[pos] = rep_ids[pos]
+        survivor_domain[pos] = exact_domains[pos]
     cluster_pos = _positions(keys, clusters["key"].to_numpy())
     c_rep = clusters["rep_key"].to_numpy()
     c_id = clusters["cluster_id"].to_pylist()
     c_size = clusters["cluster_size"].to_numpy()
     c_sim = clusters["similarity"].to_numpy()
     c_rep_id = clusters["rep_id"].to_pylist()
+    c_domain = clusters["rep_domain"].to_pylist()
     for row, pos in enumerate(cluster_pos):
         cluster_id[pos] = c_id[row]
         cluster_size[pos] = c_size[row]
@@ -69,6 +73,7 @@ def _write_split_now(job: Job, split_index: int) -> dict[str, Any]:
             status[pos] = 2
             duplicate_of[pos] = c_rep_id[row]
             similarity[pos] = c_sim[row]
+            survivor_domain[pos] = c_domain[row]
     # exact copies whose survivor is in a near cluster: that cluster's representative and size
     # (duplicate_of stays the exact twin, the document the copy's text is identical to)
     resolved = job.work.read_partition(EXACT_CLUSTERS, split_index, EXACT_CLUSTER_SCHEMA)
@@ -77,8 +82,10 @@ def _write_split_now(job: Job, split_index: int) -> dict[str, Any]:
     final = copy & found.is_valid().to_numpy(zero_copy_only=False)
     cluster_size[final] = resolved["cluster_size"].to_numpy()[row[final]]
     resolved_ids = resolved["cluster_id"].to_pylist()
+    resolved_domains = resolved["rep_domain"].to_pylist()
     for pos in np.flatnonzero(final):
         cluster_id[pos] = resolved_ids[row[pos]]
+        survivor_domain[pos] = resolved_domains[row[pos]]
 
     kept_mask = status == 0
 
@@ -119,7 +126,7 @@ def _write_split_now(job: Job, split_index: int) -> dict[str, Any]:
     removed_shards = [s.to_dict() for s in removed_writer.close()] if removed_writer is not None else []
     _write_index(job, split_index, keys[kept_mask])
     return {"shards": shards, "removed_shards": removed_shards,
-            **split_stats(job, split_index, docs, status, cluster_size, text_bytes)}
+            **split_stats(job, split_index, docs, status, cluster_size, text_bytes, survivor_domain)}
 
 
 def _positions(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:

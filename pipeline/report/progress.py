@@ -1,9 +1,16 @@
-"""Progress bars for long commands: shown on a terminal, silent in logs, CI and tests."""
+"""Progress for long commands: a tqdm bar on a terminal, plain periodic lines in logs and CI, nothing
+with ``--quiet``."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TextIO
+
+from pipeline.report.stats_text import human_bytes
+
+LINE_SECONDS = 10.0  # how often a log (stderr not a terminal) gets a progress line inside a stage
 
 
 def progress_bar(**kwargs: Any) -> Any:
@@ -13,12 +20,93 @@ def progress_bar(**kwargs: Any) -> Any:
     return tqdm(disable=not sys.stderr.isatty(), dynamic_ncols=True, file=sys.stderr, **kwargs)
 
 
-def stage_bar(stages: tuple[str, ...], desc: str) -> tuple[Any, Any]:
-    """A bar over named stages and the ``on_stage(name)`` callback that advances it."""
-    bar = progress_bar(total=len(stages), unit="stage", desc=desc)
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
+        f"{seconds // 60}:{seconds % 60:02d}"
 
-    def on_stage(name: str) -> None:
-        bar.update(1)
-        bar.set_postfix_str(name)
 
-    return bar, on_stage
+class StageProgress:
+    """Progress inside each stage of a job: tasks, documents and input bytes done (as each Ray task
+    finishes, its result says what it did), with a rate, and an ETA where the stage's bytes are known
+    (``read``: the sum of its splits' sizes). A stage's progress moves only when a task ends: what a
+    running task has done is not known before it ends.
+
+    On a terminal: one tqdm bar per stage. Otherwise (logs, CI): a line at most every ``interval``
+    seconds while a stage runs and one when it ends. ``quiet``: nothing.
+    """
+
+    def __init__(self, desc: str, stages: tuple[str, ...], quiet: bool = False, stream: TextIO | None = None,
+                 interval: float = LINE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.desc, self.stages, self.interval, self.clock = desc, stages, interval, clock
+        self.stream = stream if stream is not None else sys.stderr
+        self.terminal = not quiet and self.stream.isatty()
+        self.lines = not quiet and not self.terminal
+        self._bar: Any = None
+        self._stage = ""
+        self._total_bytes: int | None = None
+        self._tasks = self._docs = self._bytes = 0
+        self._started = self._printed = 0.0
+
+    def begin(self, stage: str, total_bytes: int | None = None) -> None:
+        """A stage starts (``total_bytes``: its input, when known)."""
+        self._stage, self._total_bytes = stage, total_bytes
+        self._tasks = self._docs = self._bytes = 0
+        self._started = self._printed = self.clock()
+        if self.terminal:
+            from tqdm import tqdm
+
+            known = total_bytes is not None
+            self._bar = tqdm(total=total_bytes, unit="B" if known else " tasks", unit_scale=known,
+                             unit_divisor=1024, desc=f"{self.desc} {self._number()}{stage}", file=self.stream,
+                             dynamic_ncols=True, leave=False)
+
+    def task_done(self, result: Mapping[str, Any]) -> None:
+        """One task of the stage finished: ``docs`` and ``bytes`` in its result count when present."""
+        self._tasks += 1
+        docs, size = int(result.get("docs", 0) or 0), int(result.get("bytes", 0) or 0)
+        self._docs += docs
+        self._bytes += size
+        if self._bar is not None:
+            self._bar.update(size if self._total_bytes is not None else 1)
+            self._bar.set_postfix_str(f"{self._tasks} tasks, {self._docs:,} docs", refresh=False)
+        elif self.lines and self.clock() - self._printed >= self.interval:
+            self._printed = self.clock()
+            self._say(self._line())
+
+    def end(self, stage: str, resumed: bool = False) -> None:
+        """A stage ended (or was found finished by an earlier run: ``resumed``)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self.terminal or self.lines:
+            if resumed or stage != self._stage:
+                self._say(f"{self.desc} {self._number(stage)}{stage}: finished by an earlier run")
+            else:
+                seconds = self.clock() - self._started
+                docs = f", {self._docs:,} docs" if self._docs else ""
+                size = f", {human_bytes(self._bytes)}" if self._bytes else ""
+                self._say(f"{self.desc} {self._number()}{stage}: done in {_duration(seconds)} "
+                          f"({self._tasks} tasks{docs}{size})")
+        self._stage = ""
+
+    def _number(self, stage: str | None = None) -> str:
+        name = self._stage if stage is None else stage
+        return f"[{self.stages.index(name) + 1}/{len(self.stages)}] " if name in self.stages else ""
+
+    def _line(self) -> str:
+        """``dedup [1/9] read: 120.0 MiB of 400.0 MiB (30%), 3 tasks, 1,234 docs, 12.0 MiB/s, ETA 0:23``."""
+        seconds = max(self.clock() - self._started, 1e-9)
+        parts = [f"{self._tasks} tasks", f"{self._docs:,} docs"]
+        if self._total_bytes:
+            rate = self._bytes / seconds
+            eta = (self._total_bytes - self._bytes) / rate if rate else None
+            parts = [f"{human_bytes(self._bytes)} of {human_bytes(self._total_bytes)} "
+                     f"({100 * self._bytes / self._total_bytes:.0f}%)", *parts, f"{human_bytes(rate)}/s",
+                     f"ETA {_duration(eta)}" if eta is not None else "ETA unknown"]
+        else:
+            parts.append(f"{self._tasks / seconds:.1f} tasks/s")
+        return f"{self.desc} {self._number()}{self._stage}: " + ", ".join(parts)
+
+    def _say(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)

@@ -41,6 +41,24 @@ def _table(title: str, rows: Mapping[str, Mapping[str, int]], keys: int) -> list
     return lines
 
 
+def _lost_to(stats: Mapping[str, Any]) -> list[str]:
+    """Which domains lost documents to which (``lost_to``: "loser -> survivor" pairs), most first,
+    under the survivor policy that chose."""
+    pairs = stats.get("lost_to") or {}
+    if not pairs:
+        return []
+    policy = stats.get("survivor_policy", "longest")
+    ordered = sorted(pairs.items(), key=lambda kv: (-kv[1].get("input", 0), kv[0]))
+    lines = [f"{'lost to (--prefer ' + policy + ')':<58.58} {'removed':>10} {'exact':>10} {'near':>10}"]
+    for pair, row in ordered[:TOP]:
+        lines.append(f"  {pair[:56]:<56} {row.get('input', 0):>10,} {row.get('exact_duplicate', 0):>10,} "
+                     f"{row.get('near_duplicate', 0):>10,}")
+    keys = key_count(stats, "lost_to")
+    if keys > min(TOP, len(ordered)):
+        lines.append(f"  ... and {keys - min(TOP, len(ordered)):,} more pairs")
+    return lines
+
+
 def render(stats: Mapping[str, Any]) -> str:
     """People-readable lines for the statistics ``run_dedup`` puts in a manifest."""
     docs = stats.get("documents", {})
@@ -60,6 +78,7 @@ def render(stats: Mapping[str, Any]) -> str:
         lines.append("clusters   size:count " + " ".join(f"{k}:{v}" for k, v in sizes.items()))
     for breakdown in ("by_source", "by_domain", "by_language"):
         lines += _table(breakdown.replace("_", " "), stats.get(breakdown, {}), key_count(stats, breakdown))
+    lines += _lost_to(stats)
     if "splits" in stats:
         lines.append(f"splits     {stats['splits']:,} (read tasks)")
     seconds = stats.get("stage_seconds", {})
