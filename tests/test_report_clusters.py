@@ -296,3 +296,23 @@ def test_length_histograms_sample_row_groups_spread_over_the_corpus(tmp_path, mo
     page = html_report.render_html({"documents": {"input": 400, "kept": 400}}, sample)
     assert f"from every {sample.length_stride}th row group" in page
     assert "No candidate-pairs chart: the manifest lists no pairs table" in page
+
+
+def test_crawl_outcomes_come_from_the_crawled_inputs_manifests(tmp_path) -> None:
+    from pipeline.format import RAW_CRAWL_SCHEMA
+    from pipeline.report.html_report import _crawl_outcomes
+
+    crawls = []
+    for name, outcomes in (("crawl-a", {"ok": 5, "http_404": 2}), ("crawl-b", {"ok": 3, "robots": 4})):
+        url = str(tmp_path / name)
+        with ShardWriter(url, RAW_CRAWL_SCHEMA) as writer:
+            writer.write([{"id": f"{name}-1", "text": "a page", "url": "http://a.test/", "status": 200}])
+            writer.commit(stats={"crawl": {"documents": outcomes["ok"], "outcomes": outcomes, "parked_hosts": {}}})
+        crawls.append(url)
+    plain = tmp_path / "more.jsonl"
+    plain.write_text('{"text": "x"}\n')
+    url = str(tmp_path / "corpus")
+    with ShardWriter(url, CORPUS_SCHEMA) as writer:
+        writer.write([_row("x", "text", "http://a.test/x", is_representative=True)])
+        writer.commit(stats={"documents": {"input": 1}}, extra={"job": {"inputs": [*crawls, str(plain), 7]}})
+    assert _crawl_outcomes(Corpus.open(url)) == {"ok": 8, "http_404": 2, "robots": 4}  # the file is no crawl
