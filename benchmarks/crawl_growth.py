@@ -8,7 +8,7 @@ each takes on the calling thread (the event loop's, in a crawl; CPU rather than 
 other jobs on a shared machine do not blur it):
 
 - ``before``: the outcome count every commit ran until now (a GROUP BY over every URL);
-- ``after``: the statistics a commit gathers now (``Crawler._stats()``: the counter table, the parked
+- ``after``: the statistics a commit gathers now (``crawlers.commits.crawl_stats``: the counter table, the parked
   hosts), and the queued count the progress line reads;
 - the process's RSS once the crawl is open (the frontier's memory at that size), read before the
   old query runs (its sort would raise it).
@@ -34,6 +34,7 @@ OUTCOMES = ["ok", "ok", "ok", "http 404", "robots: disallowed by robots.txt", "r
 
 MEASURE = """
 import json, statistics, sys, time, psutil
+from crawlers.commits import crawl_stats
 from crawlers.crawler import Crawler, CrawlConfig
 out, calls = sys.argv[1], int(sys.argv[2])
 crawler = Crawler([], out, CrawlConfig())
@@ -48,10 +49,10 @@ def median_ms(call):
     return statistics.median(times) * 1000
 db = crawler.frontier.db
 before = median_ms(lambda: db.execute("SELECT COALESCE(outcome, 'queued'), COUNT(*) FROM urls GROUP BY 1").fetchall())
-after = median_ms(crawler._stats)
+after = median_ms(lambda: crawl_stats(crawler.frontier))
 queued = median_ms(crawler.frontier.queued_count)
 print(json.dumps({"before_ms": before, "after_ms": after, "queued_ms": queued,
-                  "rss_mb": rss_mb, "stats": crawler._stats()}))
+                  "rss_mb": rss_mb, "stats": crawl_stats(crawler.frontier)}))
 """
 
 

@@ -9,170 +9,45 @@ semaphore caps connections overall; hosts wait in a heap keyed by the time they 
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import ipaddress
 import logging
 import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urljoin
 
 from . import sitemaps
-from .extract import (
-    ByteBudget,
-    ExtractionError,
-    ExtractionPool,
-    ExtractionTimeout,
-    content_hash,
-    decode_html,
-    detect_language,
+from .commits import SHARD_PREFIX, CommitLoop, Committer
+from .config import CrawlConfig, CrawlSummary
+from .extract import ExtractionError
+from .fetch import (
+    HTML_TYPES,
+    SITEMAP_TYPES,
+    BlockedError,
+    Fetcher,
+    FetchError,
+    FetchLimits,
+    Response,
+    retry_after_seconds,
 )
-from .fetch import HTML_TYPES, SITEMAP_TYPES, BlockedError, Fetcher, FetchError, FetchLimits, Response
-from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, ResultLog, now_ms
-from .oracle import DuplicateOracle, OracleError
-from .output import SHARD_PREFIX, Committer, check_output_folder, warc_payload
+from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, ResultLog
+from .oracle import DuplicateOracle
+from .output import check_output_folder
+from .pages import OK, PageProcessor
 from .partitioned import Coordinator, PartitionLauncher, check_partitions, state_root
-from .partitions import Exchange, ExchangeError, Link, Partition, partition_of, write_json
-from .proxies import NoProxyAvailable, ProxyPool, ProxySpec
+from .partitions import Exchange, ExchangeError, Link, Partition, write_json
+from .progress import progress_line
+from .proxies import NoProxyAvailable, ProxyPool
 from .robots import Robots, fetch_robots
 from .safety import AddressPolicy
 from .schedule import ROBOTS, Host, HostScheduler
-from .urls import BadURL, host_of, normalize_url, origin_of, parse_page, url_id
+from .urls import BadURL, host_of, normalize_url, origin_of
 
 log = logging.getLogger("gristmill.crawl")
 
 STATE_FILE = "frontier.sqlite"
-
-
-_NON_NEGATIVE = ("min_delay", "max_delay", "crawl_delay_cap", "max_retries", "max_depth", "max_redirects",
-                 "max_body_bytes", "max_decompressed_bytes", "connect_timeout", "read_timeout",
-                 "total_timeout", "extract_timeout", "extract_buffer_bytes", "commit_every", "commit_interval")
-
-
-@dataclass
-class CrawlConfig:
-    """Every knob of a crawl; the defaults are polite (see docs/CRAWL.md for each)."""
-
-    user_agent: str = "gristmill/0.1 (+https://github.com/gristmill/gristmill)"
-    robots_agent: str = "gristmill"
-    obey_robots: bool = True
-    robots_ttl: float = 24 * 3600.0
-    robots_error_ttl: float = 60.0
-    robots_sitemaps: bool = True
-    concurrency: int = 64
-    per_host_concurrency: int = 2
-    min_delay: float = 1.0
-    max_delay: float = 60.0
-    crawl_delay_cap: float = 30.0
-    adaptive: bool = True
-    target_host_concurrency: float = 1.0
-    max_retries: int = 3
-    backoff_base: float = 1.0
-    backoff_cap: float = 120.0
-    max_retry_after: float = 300.0
-    park_after: int = 10
-    max_depth: int = 10
-    max_url_length: int = 2048
-    max_pages_per_host: int = 100_000
-    max_pages: int | None = None
-    max_redirects: int = 5
-    follow: str = "same-host"
-    max_body_bytes: int = 10 * 1024 * 1024
-    max_decompressed_bytes: int = 40 * 1024 * 1024
-    connect_timeout: float = 10.0
-    read_timeout: float = 20.0
-    total_timeout: float = 60.0
-    allow_private: bool = False
-    allow_networks: tuple[str, ...] = ()
-    host_map: Mapping[str, str] = field(default_factory=dict)
-    proxies: tuple[ProxySpec, ...] = ()
-    proxy_routes: Mapping[str, str] = field(default_factory=dict)
-    proxy_ban_after: int = 3
-    proxy_cooldown: float = 300.0
-    proxy_health_url: str | None = None
-    proxy_health_interval: float = 30.0
-    extract: bool = True
-    extract_workers: int = os.cpu_count() or 1  # the event loop needs little CPU; extraction takes it all
-    extract_timeout: float = 30.0
-    extract_buffer_bytes: int = 64 * 1024 * 1024  # HTML waiting for an extraction worker, all pages together
-    warc: bool = False
-    commit_every: int = 1000
-    commit_interval: float = 30.0
-    shard_bytes: int = 256 * 1024 * 1024
-    row_group_bytes: int = 4 * 1024 * 1024
-    state_dir: str | None = None
-    synchronous: str = "NORMAL"
-    progress_interval: float = 10.0
-    retry_parked: bool = False
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    partitions: int = 1  # crawler processes, each owning the hosts whose registered domain hashes to it
-
-    def __post_init__(self) -> None:
-        """Refuse bad settings here, before a crawl creates any state."""
-        if self.follow not in ("same-host", "any"):
-            raise ValueError(f"follow must be 'same-host' or 'any', not {self.follow!r}")
-        if self.partitions < 1:
-            raise ValueError(f"partitions must be at least 1, not {self.partitions}")
-        if self.per_host_concurrency < 1 or self.concurrency < 1:
-            raise ValueError("concurrency and per_host_concurrency must be at least 1")
-        if self.max_pages is not None and self.max_pages < 1:
-            raise ValueError(f"max_pages must be at least 1, not {self.max_pages}")
-        for name in _NON_NEGATIVE:
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must not be negative, not {getattr(self, name)}")
-        self.allow_networks = tuple(self.allow_networks)
-        for network in self.allow_networks:  # ValueError: "'x' does not appear to be an IPv4 or IPv6 network"
-            ipaddress.ip_network(network, strict=False)
-        for address in self.host_map.values():
-            ipaddress.ip_address(address)
-        self.proxies = tuple(ProxySpec.parse(p) if isinstance(p, str) else p for p in self.proxies)
-
-
-@dataclass
-class CrawlSummary:
-    """What a crawl did; ``outcomes`` covers every URL ever admitted (all runs), and
-    ``outcome_examples`` gives one full outcome (with its URL and reason) of each kind that has one."""
-
-    output: str
-    documents: int
-    fetched_this_run: int
-    requests: int
-    bytes: int
-    elapsed_s: float
-    pages_per_s: float
-    status_counts: dict[str, int]
-    outcomes: dict[str, int]
-    queued: int
-    parked_hosts: dict[str, str]
-    hosts: dict[str, dict[str, Any]]
-    proxies: list[dict[str, Any]]
-    errors: list[str]
-    outcome_examples: dict[str, str] = field(default_factory=dict)
-    dedup_service: dict[str, int] = field(default_factory=dict)  # checked / duplicates / errors
-    stopped_by: str | None = None  # "SIGTERM" when a signal ended the crawl before its frontier was empty
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header in either form (delta-seconds or HTTP-date)."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when is None:
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 class Crawler:
@@ -204,11 +79,8 @@ class Crawler:
         self._bytes = 0
         self._requests = 0
         self._fetched = 0
-        self._pending_results = 0
         self._documents = 0
-        self._oracle = oracle
-        self._committing: asyncio.Future[int] | None = None
-        self._dedup_counts = Counter[str]()
+        self.pages = PageProcessor(self.config, oracle, self._error)
         self._epoch = 0  # bumped whenever this partition gets work: the coordinator's proof of quiet
         self._reported_idle: bool | None = None
         self._reported_at = 0.0
@@ -231,15 +103,17 @@ class Crawler:
         started = time.monotonic()
         self.results = ResultLog(self.state_path, cfg.synchronous)
         part = self.partition
-        self.committer = Committer(self.output, self.results, shard_bytes=cfg.shard_bytes,
-                                   row_group_bytes=cfg.row_group_bytes, warc=cfg.warc,
-                                   storage_options=cfg.storage_options,
-                                   prefix=part.shard_prefix if part else SHARD_PREFIX,
-                                   segment=part.segment if part else None)
+        committer = Committer(self.output, self.results, shard_bytes=cfg.shard_bytes,
+                              row_group_bytes=cfg.row_group_bytes, warc=cfg.warc,
+                              storage_options=cfg.storage_options,
+                              prefix=part.shard_prefix if part else SHARD_PREFIX,
+                              segment=part.segment if part else None)
         self.exchange = Exchange(part.root, part.index, part.count) if part else None
+        self.commits = CommitLoop(committer, self.frontier, cfg, self._error,
+                                  self._exchange if part is not None else None)
         if part is not None:
             self._report(idle=False)
-        for orphan in self.committer.remove_orphans():
+        for orphan in committer.remove_orphans():
             log.info("removed %s: written by an interrupted commit, never listed by a manifest", orphan)
         if cfg.retry_parked:
             self.frontier.unpark_all()
@@ -249,20 +123,15 @@ class Crawler:
                                max_connections=cfg.concurrency)
         self.proxies = ProxyPool(cfg.proxies, cfg.proxy_routes, ban_after=cfg.proxy_ban_after,
                                  cooldown=cfg.proxy_cooldown)
-        self.pool = ExtractionPool(cfg.extract_workers, cfg.extract_timeout) if cfg.extract else None
-        self._extract_slots = asyncio.Semaphore(max(4, 4 * cfg.extract_workers))
-        self._html_budget = ByteBudget(cfg.extract_buffer_bytes)
         self._slots = asyncio.Semaphore(cfg.concurrency)
-        if self._oracle is not None:
-            await self._oracle.open()
+        await self.pages.open()
         self._documents = self.frontier.documents()
-        self._pending_results = self.results.unsharded_count()
         background: list[asyncio.Task[None]] = []
         try:
-            self.committer.publish(self._stats())  # a crash between recording a shard and publishing
+            self.commits.publish()
             self._admit_seeds()
             self._load_hosts()
-            background = [asyncio.create_task(self._committer_loop()),
+            background = [asyncio.create_task(self.commits.run()),
                           asyncio.create_task(self._progress_loop(started))]
             if self.proxies and cfg.proxy_health_url:
                 background.append(asyncio.create_task(self._health_loop()))
@@ -274,15 +143,9 @@ class Crawler:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await self.fetcher.close()
-            if self._oracle is not None:
-                await self._oracle.close()
-            if self.pool is not None:
-                self.pool.close()
-            if self._committing is not None:
-                await asyncio.wait([self._committing])  # a failure was logged; its rows are still pending
+            await self.pages.close()
             try:
-                self.committer.flush(self._stats())
-                self._pending_results = 0
+                await self.commits.finish()
             finally:
                 summary = self._summary(time.monotonic() - started)
                 self.frontier.close()
@@ -310,7 +173,7 @@ class Crawler:
             yield url
 
     def _owns(self, url: str) -> bool:
-        return self.partition is None or partition_of(url, self.partition.count) == self.partition.index
+        return self.partition is None or self.partition.owner(url) == self.partition.index
 
     def _admit_seeds(self) -> None:
         with self.frontier.transaction():
@@ -332,7 +195,7 @@ class Crawler:
             return "url too long"
         if depth > cfg.max_depth:
             return "too deep"
-        if self.partition is not None and (owner := partition_of(url, self.partition.count)) != self.partition.index:
+        if self.partition is not None and (owner := self.partition.owner(url)) != self.partition.index:
             self.frontier.send(owner, url, depth, kind, via, hops, scoped)  # the owner checks scope and seen
             return None
         name = host_of(url)
@@ -367,6 +230,7 @@ class Crawler:
                 self._slots.release()
                 return
             host, request = item
+            self.pages.start()  # not before: a re-run of a finished crawl starts no extraction worker
             self._inflight += 1
             self._requests += 1
             task = asyncio.create_task(self._work(host, request))
@@ -520,7 +384,7 @@ class Crawler:
         if status == 429 or status >= 500 or banned:
             self.scheduler.on_response(host, response.elapsed, ok=False)
             self._failed(host, request, f"http {status}" + (" (ban signal via proxy)" if banned else ""),
-                         _retry_after(response.headers.get("Retry-After")))
+                         retry_after_seconds(response.headers.get("Retry-After")))
             return
         self.scheduler.on_response(host, response.elapsed, ok=True)
         if 300 <= status < 400:
@@ -533,13 +397,9 @@ class Crawler:
             release()
             self._sitemap(request, response)
             return
-        held = len(response.body) if self.pool is not None else 0
-        await self._html_budget.acquire(held)  # still holding the connection slot: a full budget slows fetching
-        release()  # the connection is done; parsing and extraction do not hold the host's slot
-        try:
-            await self._page(request, response)
-        finally:
-            await self._html_budget.release(held)
+        reserved = await self.pages.reserve(response)  # still holding the connection slot: a full budget
+        release()  # slows fetching; the connection is done, parsing and extraction do not hold the host's slot
+        await self._page(request, response, reserved)
 
     def _finish(self, request: Request, outcome: str) -> None:
         with self.frontier.transaction():
@@ -582,73 +442,24 @@ class Crawler:
                 self._admit(link, 0, KIND_SITEMAP if is_index else KIND_PAGE)
             self.frontier.finish(request, "sitemap")
 
-    async def _page(self, request: Request, response: Response) -> None:
-        cfg = self.config
-        html, encoding = decode_html(response.body, response.charset)
-        links, plain = parse_page(html, response.url, want_text=self.pool is None)
-        if self.pool is not None:
-            try:
-                async with self._extract_slots:
-                    text, language = await self.pool.process(html, response.url)
-            except ExtractionError as exc:  # a timeout, or a worker that crashed on this page
-                if self.pool.broken is not None:  # no worker can start: stop, leaving the page queued
-                    if not self._stopping:
-                        self._error(str(self.pool.broken))
-                        self.stop()
-                    return
+    async def _page(self, request: Request, response: Response, reserved: int) -> None:
+        try:
+            page = await self.pages.process(request, response, reserved)
+        except ExtractionError as exc:  # no extraction worker can start: stop, leaving the page queued
+            if not self._stopping:
                 self._error(str(exc))
-                self._finish(request, "rejected: extraction timed out" if isinstance(exc, ExtractionTimeout)
-                             else "rejected: extraction failed")
-                return
-        else:
-            text, language = plain, detect_language(plain)
-        final = response.url
-        row = {"id": url_id(final), "text": text, "url": request.via or request.url, "final_url": final,
-               "status": response.status, "fetch_time": now_ms(), "domain": host_of(final),
-               "language": language, "content_hash": content_hash(text), "depth": request.depth,
-               "encoding": encoding}
-        blob = None
-        if cfg.warc:
-            blob = warc_payload(response.request_headers, response.status, "OK", list(response.headers.items()),
-                                response.body, {"language": language, "encoding": encoding,
-                                                "links": len(links), "depth": request.depth})
-        duplicate_of = await self._known_to_oracle(row) if text and self._oracle is not None else None
+                self.stop()
+            return
         with self.frontier.transaction():
-            if duplicate_of is not None:
-                self.frontier.finish(request, f"duplicate: of {duplicate_of} (dedup service)")
-            elif text:
-                self.frontier.store_result(request, row, blob)
-                self.frontier.finish(request, "ok")
-                self._pending_results += 1
-                self._documents += 1
-            else:
-                self.frontier.finish(request, "empty: no main text")
-            for link in links:
+            if page.row is not None:
+                self.frontier.store_result(request, page.row, page.warc)
+            self.frontier.finish(request, page.outcome)
+            for link in page.links:
                 self._admit(link, request.depth + 1)
         self._fetched += 1
-        if self._pending_results >= cfg.commit_every:
-            self._commit()
-
-    async def _known_to_oracle(self, row: dict[str, Any]) -> str | None:
-        """Ask the oracle (checking and adding in one step) whether it already holds this text.
-
-        Returns the id of the document it duplicates, or None to store it. The oracle is advisory:
-        when it cannot answer, the page is stored and the error counted. A match with this page's own
-        id (it was added before a crash kept it from being stored) does not count as a duplicate.
-        """
-        assert self._oracle is not None
-        try:
-            [verdict] = await self._oracle.add([(row["id"], row["text"])])
-        except OracleError as exc:
-            self._dedup_counts["errors"] += 1
-            self._error(f"{row['final_url']}: dedup service: {exc}")
-            return None
-        self._dedup_counts["checked"] += 1
-        others = [i for i in verdict.duplicate_of if i != row["id"]]
-        if verdict.new or not others:
-            return None
-        self._dedup_counts["duplicates"] += 1
-        return others[0]
+        if page.outcome == OK:
+            self._documents += 1
+            self.commits.stored()
 
     # -- partitions --------------------------------------------------------------------------------
     def _exchange(self) -> bool:
@@ -716,51 +527,32 @@ class Crawler:
                 pass
         return False
 
-    # -- commit, progress, health --------------------------------------------------------------
-    def _commit(self) -> None:
-        """Write the pending results into a shard in a thread, while the crawl goes on; one at a time.
-
-        The rows are already durable in the frontier, so nothing waits for the shard: while one is
-        being written, the next commit starts with the first page that finds the previous one done.
-        """
-        if self.exchange is not None:
-            self._exchange()
-        if self._committing is not None and not self._committing.done():
-            return
-        self._pending_results = 0
-        self._committing = asyncio.ensure_future(asyncio.to_thread(self.committer.flush, self._stats()))
-        self._committing.add_done_callback(self._committed)
-
-    def _committed(self, future: asyncio.Future[int]) -> None:
-        if not future.cancelled() and future.exception() is not None:
-            self._error(f"commit failed, its rows wait for the next one: {future.exception()!r}")
-
-    async def _committer_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.commit_interval)
-            if self._pending_results or self.exchange is not None:
-                self._commit()
-
+    # -- progress, health -----------------------------------------------------------------------
     async def _progress_loop(self, started: float) -> None:
-        last_time, last_fetched = time.monotonic(), 0
+        """Every ``progress_interval``: the report to ``on_progress`` when given, else a log line."""
+        last_time, last_fetched, first_documents = time.monotonic(), 0, self._documents
         while True:
             await asyncio.sleep(self.config.progress_interval)
             now = time.monotonic()
-            report = self._progress(now - started, (self._fetched - last_fetched) / max(now - last_time, 1e-9))
+            report = self._progress(now - started, (self._fetched - last_fetched) / max(now - last_time, 1e-9),
+                                    (self._documents - first_documents) / max(now - started, 1e-9))
             last_time, last_fetched = now, self._fetched
-            log.info("%.0fs: %.1f pages/s, %d pages, %.1f MB, queue %d, statuses %s, slowest hosts %s",
-                     report["elapsed_s"], report["pages_per_s"], report["fetched"], report["bytes"] / 1e6,
-                     report["queued"], report["status_counts"], report["slowest_hosts"])
             if self.on_progress is not None:
                 self.on_progress(report)
+            else:
+                log.info("%s", report["line"])
 
-    def _progress(self, elapsed: float, rate: float) -> dict[str, Any]:
+    def _progress(self, elapsed: float, pages_per_s: float, documents_per_s: float) -> dict[str, Any]:
         slowest = sorted(self.scheduler.hosts.values(), key=lambda h: (h.delay, h.failures), reverse=True)[:5]
-        return {"elapsed_s": elapsed, "pages_per_s": rate, "fetched": self._fetched, "bytes": self._bytes,
-                "requests": self._requests, "queued": self.frontier.queued_count(),
-                "status_counts": dict(self._status), "in_flight": self._inflight,
-                "slowest_hosts": {h.origin: {"delay_s": round(self.scheduler.delay(h), 3), "failures": h.failures}
-                                  for h in slowest}}
+        report = {"elapsed_s": elapsed, "documents": self._documents, "max_pages": self.config.max_pages,
+                  "documents_per_s": documents_per_s, "pages_per_s": pages_per_s, "fetched": self._fetched,
+                  "waiting": self.pages.waiting, "bytes": self._bytes, "requests": self._requests,
+                  "queued": self.frontier.queued_count(), "status_counts": dict(self._status),
+                  "in_flight": self._inflight,
+                  "slowest_hosts": {h.origin: {"delay_s": round(self.scheduler.delay(h), 3), "failures": h.failures}
+                                    for h in slowest}}
+        report["line"] = progress_line(report)
+        return report
 
     async def _health_loop(self) -> None:
         """Probe benched proxies with the health URL and return the ones that answer."""
@@ -781,18 +573,10 @@ class Crawler:
         if len(self._errors) < 200:
             self._errors.append(message)
 
-    def _outcomes(self) -> tuple[dict[str, int], dict[str, str]]:
-        """Every admitted URL (all runs) counted by outcome kind, and one outcome with a reason per kind."""
-        counted = self.frontier.outcome_counts()
-        return ({kind: count for kind, (count, _example) in counted.items()},
-                {kind: example for kind, (_count, example) in counted.items() if example is not None})
-
-    def _stats(self) -> dict[str, Any]:
-        return {"crawl": {"documents": self._documents, "outcomes": self._outcomes()[0],
-                          "parked_hosts": self.frontier.parked_hosts()}}
-
     def _summary(self, elapsed: float) -> CrawlSummary:
-        outcomes, examples = self._outcomes()
+        counted = self.frontier.outcome_counts()
+        outcomes = {kind: count for kind, (count, _example) in counted.items()}
+        examples = {kind: example for kind, (_count, example) in counted.items() if example is not None}
         return CrawlSummary(
             output=self.output, documents=self._documents, fetched_this_run=self._fetched,
             requests=self._requests, bytes=self._bytes, elapsed_s=elapsed,
@@ -801,7 +585,7 @@ class Crawler:
             parked_hosts=self.frontier.parked_hosts(),
             hosts={h.origin: {"requests": h.requests, "failures": h.failures, "delay_s": round(self.scheduler.delay(h), 3),
                               "parked": h.parked} for h in self.scheduler.hosts.values()},
-            proxies=self.proxies.health(), errors=list(self._errors), dedup_service=dict(self._dedup_counts))
+            proxies=self.proxies.health(), errors=list(self._errors), dedup_service=dict(self.pages.dedup_counts))
 
 
 def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,

@@ -147,24 +147,28 @@ class ExtractionTimeout(ExtractionError):
 
 
 def _serve(conn: Connection) -> None:
-    """A worker: load the libraries, say so, then answer documents until the pipe closes.
+    """A worker: load the libraries, say so, then answer documents until the pipe closes (also when
+    it closes while the worker speaks: the crawl ended, and a traceback would only alarm its user).
 
     Ctrl-C in a terminal reaches the whole process group; the crawl owns it and closes the pipe,
     so a worker ignores SIGINT instead of dying with a KeyboardInterrupt traceback of its own.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     prepare_worker()
-    conn.send(None)  # ready: the first document's time limit starts only now
-    while True:
-        try:
-            html, url = conn.recv()
-        except EOFError:
-            return
-        try:
-            answer: tuple[bool, Any] = (True, process_document(html, url))
-        except Exception as exc:  # the crawl records it; the worker lives on
-            answer = (False, ExtractionError(f"{url}: {type(exc).__name__}: {exc}"))
-        conn.send(answer)
+    try:
+        conn.send(None)  # ready: the first document's time limit starts only now
+        while True:
+            try:
+                html, url = conn.recv()
+            except EOFError:
+                return
+            try:
+                answer: tuple[bool, Any] = (True, process_document(html, url))
+            except Exception as exc:  # the crawl records it; the worker lives on
+                answer = (False, ExtractionError(f"{url}: {type(exc).__name__}: {exc}"))
+            conn.send(answer)
+    except BrokenPipeError:  # the crawl closed the pool before this worker was done: nothing to say
+        return
 
 
 @dataclass(eq=False)

@@ -8,6 +8,7 @@ and inflated through zlib with an output limit.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import time
 import zlib
 from collections.abc import Mapping
@@ -236,3 +237,19 @@ def _refuse_other_binary(response: Response, accept: tuple[str, ...]) -> None:
         declared = f"Content-Type {response.content_type!r}" if response.content_type else "no Content-Type"
         raise RejectedResponse(f"{response.url}: body looks like {sniffed} by its first bytes, not "
                                f"{', '.join(accept)} ({declared})")
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """Seconds from a Retry-After header in either form (delta-seconds or HTTP-date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())

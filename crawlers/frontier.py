@@ -8,7 +8,8 @@ survives the death of the process (only an OS crash could lose the last transact
 
 A fetched page's URL becomes ``done`` in the same transaction that stores its result row, so it is
 never fetched again; the row stays here until a shard holding it is written and recorded, and the
-manifest is rewritten from the recorded shards at every commit and at start-up.
+manifest is rewritten from the recorded shards (crawlers.commits: at start-up, at most once per
+commit interval, and at the end).
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
+from .commits import publish_segments
 from .oracle import DuplicateOracle
-from .output import publish_segments
-from .partitions import LAYOUT_FILE, Partition, read_json, waiting_files, write_json
+from .partitions import LAYOUT_FILE, Partition, deal, read_json, read_layout, waiting_files, write_json
 
 log = logging.getLogger("gristmill.crawl")
 POLL_S = 0.1
@@ -124,12 +124,12 @@ def state_root(output: str, state_dir: str | None) -> str:
 
 def check_partitions(root: str, count: int) -> None:
     """Refuse (ValueError) to resume with another number of partitions: hosts would change owners."""
-    layout = read_json(os.path.join(root, LAYOUT_FILE))
-    if layout is None and not os.path.exists(os.path.join(root, LAYOUT_FILE)):
+    layout = read_layout(root)
+    if layout is None:
         if count > 1 and os.path.exists(os.path.join(root, "frontier.sqlite")):
             raise ValueError(f"{root} holds a crawl with 1 partition, not {count}; resume it without --partitions")
         return
-    found = layout.get("partitions") if isinstance(layout, dict) else None
+    found = layout["partitions"]
     if found != count:
         raise ValueError(f"{root} holds a crawl with {found} partitions, not {count}; resume it with the same "
                          "--partitions")
@@ -154,8 +154,10 @@ class Coordinator:
         self.root = state_root(output, config.state_dir)
         check_partitions(self.root, config.partitions)
         os.makedirs(self.root, exist_ok=True)
-        write_json(os.path.join(self.root, LAYOUT_FILE), {"partitions": config.partitions})
-        self.parts = [Partition(i, config.partitions, self.root) for i in range(config.partitions)]
+        layout = read_layout(self.root)
+        dealt = deal(seeds, config.partitions, layout["dealt"] if layout is not None else None)
+        write_json(os.path.join(self.root, LAYOUT_FILE), {"partitions": config.partitions, "dealt": dealt})
+        self.parts = [Partition(i, config.partitions, self.root, dealt) for i in range(config.partitions)]
         self.summaries: dict[int, dict[str, Any]] = {}
         self.restarts = Counter[int]()
         self.errors: list[str] = []

@@ -2,7 +2,8 @@
 
 The outcome counters kept in the frontier's own table must always equal a GROUP BY over every URL;
 exchange files between partitions are hostile input (a bad line is named, the rest is admitted);
-the partition of a host comes from the bundled public suffix list without touching the network;
+the partition of a host comes from the bundled public suffix list without touching the network, and
+the seeds' sites are dealt evenly over the partitions, the same in every process and on every re-run;
 the HTML waiting for extraction never exceeds its byte cap.
 """
 
@@ -20,7 +21,17 @@ from hypothesis import strategies as st
 
 from crawlers.extract import ByteBudget
 from crawlers.frontier import Frontier, outcome_kind
-from crawlers.partitions import Exchange, ExchangeError, Link, _suffix_list, partition_key, partition_of
+from crawlers.partitions import (
+    LAYOUT_FILE,
+    Exchange,
+    ExchangeError,
+    Link,
+    _suffix_list,
+    deal,
+    partition_key,
+    partition_of,
+    read_layout,
+)
 
 OUTCOMES = ["ok", "http 404", "robots: disallowed by robots.txt", "failed: http 503 (after 4 attempts)",
             "duplicate: of abc (dedup service)", "redirect", "empty: no main text"]
@@ -160,3 +171,40 @@ def test_html_waiting_for_extraction_stays_under_its_byte_cap() -> None:
     assert len(seen) == 7
     assert all(held <= 100 or holders == 1 for held, holders in seen)  # a page over the cap goes alone
     assert max(holders for _held, holders in seen) >= 2  # pages under the cap do share it
+
+
+@settings(max_examples=60, deadline=None)
+@given(sites=st.lists(st.from_regex(r"[a-z]{1,8}\.(com|co\.uk|github\.io|org)", fullmatch=True), min_size=1,
+                      max_size=40, unique=True),
+       count=st.integers(2, 7), order=st.randoms(use_true_random=False))
+def test_the_seeds_sites_are_dealt_evenly_and_alike_in_every_process(sites: list[str], count: int,
+                                                                    order) -> None:  # type: ignore[no-untyped-def]
+    seeds = [f"http://www.{site}/" for site in sites] + [f"https://blog.{site}/a" for site in sites]
+    dealt = deal(seeds, count)
+    shuffled = list(seeds)
+    order.shuffle(shuffled)
+    assert deal(shuffled, count) == dealt  # every partition computes the same owners from the same seeds
+    per_partition = Counter(dealt.values())
+    assert max(per_partition.values()) - min(per_partition.get(i, 0) for i in range(count)) <= 1
+    for site in sites:  # a site's hosts stay together
+        assert partition_of(f"http://www.{site}/", count, dealt) == partition_of(f"https://blog.{site}/a", count, dealt)
+    assert deal(["http://new.example/"], count, earlier=dealt) == dealt  # a re-run keeps the first deal
+    assert deal(["mailto:x@y", "not a url"], count) == {}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layout=st.recursive(st.none() | st.booleans() | st.integers(-3, 5) | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                               st.sampled_from(["partitions", "dealt", "a.test", "b.test", "x"]), inner, max_size=3),
+                           max_leaves=8))
+def test_a_hostile_partition_layout_is_refused_naming_the_file(tmp_path: Path, layout: object) -> None:
+    (tmp_path / LAYOUT_FILE).write_text(json.dumps(layout), encoding="utf-8")
+    count = layout.get("partitions") if isinstance(layout, dict) else None
+    dealt = layout.get("dealt", {}) if isinstance(layout, dict) else None
+    good = (type(count) is int and count >= 1 and isinstance(dealt, dict)
+            and all(type(owner) is int and 0 <= owner < count for owner in dealt.values()))
+    if good:
+        assert read_layout(str(tmp_path)) == {"partitions": count, "dealt": dealt}
+    else:
+        with pytest.raises(ValueError, match=str(tmp_path / LAYOUT_FILE)):
+            read_layout(str(tmp_path))

@@ -23,7 +23,7 @@ from aiohttp import web
 from sessions import kill_session
 
 from crawlers import crawl
-from crawlers.partitions import partition_of
+from crawlers.partitions import deal, partition_of
 from pipeline.demo.site.server import DemoSite
 from pipeline.format import Corpus
 
@@ -79,7 +79,7 @@ def _crawl(site: DemoSite, out: Path, partitions: int) -> list[str]:
 def test_the_demo_sites_span_partitions_and_link_across_hosts(site: TimedDemoSite) -> None:
     """What the tests below rely on: hosts in every partition, and links that leave their host."""
     for count in (2, 3):
-        assert {partition_of(seed, count) for seed in site.seeds} == set(range(count))
+        assert {partition_of(seed, count, deal(site.seeds, count)) for seed in site.seeds} == set(range(count))
     hosts = {url.split("/")[2]: url.split("/")[2] for url in site.seeds}
     crossing = [url for url, page in site.pages()
                 if any(h in page.body for h in hosts if h != url.split("/")[2])]
@@ -132,7 +132,7 @@ def _partition_pid(out: Path, index: int) -> int | None:
 def test_a_partition_killed_mid_crawl_restarts_and_nothing_is_lost_or_stored_twice(
         site: TimedDemoSite, single: list[str], tmp_path: Path) -> None:
     out = tmp_path / "out"
-    victim = partition_of(site.seeds[0], 2)
+    victim = partition_of(site.seeds[0], 2, deal(site.seeds, 2))
     argument = json.dumps([site.seeds, str(out), site.host_map])
     hits_before = len(site.hits)
     process = subprocess.Popen([sys.executable, "-c", RUNNER, argument], cwd=ROOT, stdout=subprocess.PIPE,

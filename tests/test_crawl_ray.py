@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from crawlers import crawl
-from crawlers.partitions import partition_of
+from crawlers.partitions import deal, partition_of
 from pipeline.commands.crawl import RayLauncher
 from pipeline.demo.site.server import DemoSite
 from pipeline.format import Corpus
@@ -104,7 +104,7 @@ def test_partitions_run_as_actors_and_a_killed_worker_restarts_its_partition(clu
     assert len(stored) == len(set(stored)), "a URL was stored twice"
     assert set(stored) == set(single)
     assert summary.documents == len(stored)
-    assert {partition_of(url, 3) for url in stored} == {0, 1, 2}
+    assert {partition_of(url, 3, deal(site.seeds, 3)) for url in stored} == {0, 1, 2}
 
 
 def _committed(out: Path, index: int) -> bool:

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from crawlers import detect_language, extract_text
-from crawlers.crawler import CrawlConfig, _retry_after
+from crawlers.crawler import CrawlConfig
 from crawlers.extract import content_hash, decode_html
+from crawlers.fetch import retry_after_seconds
 from crawlers.frontier import Frontier
 from crawlers.proxies import ProxyPool, ProxySpec
 from crawlers.safety import AddressPolicy
@@ -97,11 +98,11 @@ def test_address_policy_blocks_private_and_metadata_addresses() -> None:
 
 
 def test_retry_after_both_forms() -> None:
-    assert _retry_after("7") == 7.0
+    assert retry_after_seconds("7") == 7.0
     future = email.utils.formatdate(time.time() + 30, usegmt=True)
-    assert 28 <= (_retry_after(future) or 0) <= 31
-    assert _retry_after(email.utils.formatdate(time.time() - 60, usegmt=True)) == 0.0
-    assert _retry_after("soon") is None and _retry_after(None) is None
+    assert 28 <= (retry_after_seconds(future) or 0) <= 31
+    assert retry_after_seconds(email.utils.formatdate(time.time() - 60, usegmt=True)) == 0.0
+    assert retry_after_seconds("soon") is None and retry_after_seconds(None) is None
 
 
 def test_sitemap_urlset_index_gzip_and_text() -> None:
