@@ -113,7 +113,7 @@ def test_sigterm_stops_gracefully_and_commits(servers: ServerThread, tmp_path: P
     seeds.write_text(site.url("/p0") + "\n", encoding="utf-8")
     process = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "crawl", str(seeds), "-o", str(out), "--delay", "0", "--no-extract",
-         "--allow-network", "127.0.0.0/8", "--resolve", f"{site.name}={site.ip}", "--quiet", "--max-depth", "1000"],
+         "--allow-network", "127.0.0.0/8", "--resolve", f"{site.name}={site.ip}", "--quiet", "--json", "--max-depth", "1000"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     while len(site.hits) < 6 and time.monotonic() < deadline:

@@ -130,7 +130,7 @@ def test_cli_crawls_and_reports_bad_seeds(servers: ServerThread, tmp_path: Path)
     out = tmp_path / "out"
     result = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "crawl", str(seeds), "-o", str(out), "--delay", "0",
-         "--no-extract", "--allow-network", "127.0.0.0/8", "--resolve", f"a.test={site.ip}", "--quiet"],
+         "--no-extract", "--allow-network", "127.0.0.0/8", "--resolve", f"a.test={site.ip}", "--quiet", "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)

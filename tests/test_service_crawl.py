@@ -68,7 +68,7 @@ def test_crawl_skips_what_the_service_already_has(site: str, tmp_path: Path, cap
         seeds.write_text(f"{site}/\n")
         out = tmp_path / "corpus"
         status = main(["crawl", str(seeds), "-o", str(out), "--no-extract", "--no-robots", "--delay", "0",
-                       "--allow-network", "127.0.0.0/8", "--quiet", "--dedup-service", server.url])
+                       "--allow-network", "127.0.0.0/8", "--quiet", "--json", "--dedup-service", server.url])
         assert status == 0
         summary = json.loads(capsys.readouterr().out)
         stats = DedupClient(server.url).stats()
@@ -93,7 +93,7 @@ def test_crawl_stores_pages_when_the_service_is_down(site: str, tmp_path: Path,
     seeds = tmp_path / "seeds.txt"
     seeds.write_text(f"{site}/\n")
     status = main(["crawl", str(seeds), "-o", str(tmp_path / "corpus"), "--no-extract", "--no-robots",
-                   "--delay", "0", "--allow-network", "127.0.0.0/8", "--quiet", "--dedup-service", dead])
+                   "--delay", "0", "--allow-network", "127.0.0.0/8", "--quiet", "--json", "--dedup-service", dead])
     assert status == 0
     summary = json.loads(capsys.readouterr().out)
     # the service is advisory: every page is stored (the exact copy too), and each failure is counted

@@ -14,10 +14,15 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from crawlers.config import CrawlConfig
+from pipeline.commands import options
 from pipeline.service.client import TOKEN_ENV
 
 if TYPE_CHECKING:
-    from crawlers.crawler import CrawlSummary
+    from crawlers.config import CrawlSummary
+
+MAX_BODY_BYTES = CrawlConfig.max_body_bytes
+USER_AGENT = CrawlConfig.user_agent
 
 EPILOG = """exit status: 0 when the crawl holds documents (a re-run with nothing left to fetch included) or
 was stopped by SIGTERM; 1 when it finished having stored nothing (stderr says why, by outcome); 2 for
@@ -38,49 +43,72 @@ HINTS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # type=str on text options: a job file's value (a TOML number, say) goes through it as on the command line
     parser.epilog = EPILOG
-    parser.add_argument("seeds", help="file with one seed URL per line (# comments allowed), or '-' for stdin; "
+    parser.add_argument("seeds", type=str, help="file with one seed URL per line (# comments allowed), or '-' for stdin; "
                                       "sitemap URLs (*.xml, *.xml.gz) are expanded")
-    parser.add_argument("-o", "--output", required=True, help="corpus folder (local path or fsspec URL)")
-    parser.add_argument("--state-dir", help="frontier folder (default OUTPUT/.crawl; required for remote output)")
-    parser.add_argument("--concurrency", type=int, default=64, help="connections overall (default 64)")
-    parser.add_argument("--per-host", type=int, default=2, help="connections per host (default 2)")
-    parser.add_argument("--delay", type=float, default=1.0, help="minimum seconds between requests to a host")
-    parser.add_argument("--max-delay", type=float, default=60.0, help="cap of the adaptive per-host delay")
-    parser.add_argument("--crawl-delay-cap", type=float, default=30.0, help="cap on robots.txt Crawl-delay")
+    parser.add_argument("-o", "--output", type=str, help="corpus folder, local path or fsspec URL (required, on the command "
+                                               "line or in the job file)")
+    parser.add_argument("--job", metavar="TOML", help="read options from this TOML file's [crawl] table (or its top "
+                                                      "level); the command line wins (default: none)")
+    parser.add_argument("--state-dir", type=str, help="frontier folder (default: OUTPUT/.crawl; required for remote output)")
+    parser.add_argument("--concurrency", type=int, default=64, help="connections overall (default: %(default)s)")
+    parser.add_argument("--per-host", type=int, default=2, help="connections per host (default: %(default)s)")
+    parser.add_argument("--delay", type=float, default=1.0,
+                        help="minimum seconds between requests to a host (default: %(default)s)")
+    parser.add_argument("--max-delay", type=float, default=60.0,
+                        help="cap of the adaptive per-host delay, seconds (default: %(default)s)")
+    parser.add_argument("--crawl-delay-cap", type=float, default=30.0,
+                        help="cap on robots.txt Crawl-delay, seconds (default: %(default)s)")
     parser.add_argument("--no-robots", action="store_true", help="ignore robots.txt (only for your own sites)")
-    parser.add_argument("--max-pages", type=int, help="stop after this many documents in total")
-    parser.add_argument("--max-depth", type=int, default=10)
-    parser.add_argument("--max-pages-per-host", type=int, default=100_000)
+    parser.add_argument("--max-pages", type=int,
+                        help="stop after this many documents in total, all runs (default: no limit)")
+    parser.add_argument("--max-depth", type=int, default=10, help="links followed from a seed (default: %(default)s)")
+    parser.add_argument("--max-pages-per-host", type=int, default=100_000,
+                        help="URLs admitted per host (default: %(default)s)")
     parser.add_argument("--follow", choices=("same-host", "any"), default="same-host",
-                        help="follow links only to the seeds' hosts (default) or anywhere")
-    parser.add_argument("--retries", type=int, default=3, help="retries per URL on errors, 429 and 5xx")
-    parser.add_argument("--max-body-mb", type=float, default=10.0)
-    parser.add_argument("--timeout", type=float, default=60.0, help="total seconds per request")
+                        help="follow links only to the seeds' hosts, or anywhere (default: %(default)s)")
+    parser.add_argument("--retries", type=int, default=3,
+                        help="retries per URL on errors, 429 and 5xx (default: %(default)s)")
+    parser.add_argument("--max-body-bytes", type=options.size, default=MAX_BODY_BYTES, metavar="SIZE",
+                        help=f"largest response body, e.g. 16MiB (default: {options.format_size(MAX_BODY_BYTES)})")
+    options.add_renamed(parser, "--max-body-mb", "--max-body-bytes", "max_body_bytes", convert=options.mib_to_bytes)
+    parser.add_argument("--timeout", type=float, default=60.0, help="total seconds per request (default: %(default)s)")
     parser.add_argument("--no-extract", action="store_true",
                         help="store the page's visible text instead of extracted main text (faster)")
     parser.add_argument("--extract-workers", type=int, help="extraction processes (default: one per CPU)")
     parser.add_argument("--warc", action="store_true", help="also write WARC/1.1 files under OUTPUT/warc/")
-    parser.add_argument("--allow-network", action="append", default=[], metavar="CIDR",
-                        help="allow these private/loopback networks (e.g. 127.0.0.0/8); repeatable")
-    parser.add_argument("--resolve", action="append", default=[], metavar="HOST=IP",
-                        help="resolve HOST to IP without DNS (like curl --resolve); repeatable")
-    parser.add_argument("--proxy", action="append", default=[], metavar="URL[,region=R][,hosts=GLOB|GLOB]",
-                        help="add a proxy to the pool; repeatable")
-    parser.add_argument("--route", action="append", default=[], metavar="GLOB=REGION",
-                        help="send hosts matching GLOB through proxies of REGION; repeatable")
+    parser.add_argument("--allow-network", type=str, action="append", default=[], metavar="CIDR",
+                        help="allow these private/loopback networks (e.g. 127.0.0.0/8); repeatable (default: none)")
+    parser.add_argument("--resolve", type=str, action="append", default=[], metavar="HOST=IP",
+                        help="resolve HOST to IP without DNS (like curl --resolve); repeatable (default: none)")
+    parser.add_argument("--proxy", type=str, action="append", default=[], metavar="URL[,region=R][,hosts=GLOB|GLOB]",
+                        help="add a proxy to the pool; repeatable (default: none, direct connections)")
+    parser.add_argument("--route", type=str, action="append", default=[], metavar="GLOB=REGION",
+                        help="send hosts matching GLOB through proxies of REGION; repeatable (default: none)")
     parser.add_argument("--retry-parked", action="store_true", help="give parked hosts another chance")
-    parser.add_argument("--user-agent", help="User-Agent header")
-    parser.add_argument("--progress", type=float, default=10.0, help="seconds between progress lines")
-    parser.add_argument("--quiet", action="store_true", help="only warnings and the summary")
+    parser.add_argument("--user-agent", type=str, help=f"User-Agent header (default: {USER_AGENT})")
+    parser.add_argument("--progress", type=float, default=10.0, metavar="SECONDS",
+                        help="seconds between progress lines when stderr is not a terminal (default: %(default)s)")
+    options.add_output_flags(parser, json_help="print the crawl summary as JSON on stdout")
     parser.add_argument("--partitions", type=int, default=1, metavar="K",
                         help="crawler processes, each owning the hosts whose registered domain hashes to it; "
-                             "a re-run must use the same K (default 1)")
-    parser.add_argument("--ray-address", metavar="ADDRESS", default=os.environ.get("RAY_ADDRESS"),
-                        help="run the partitions as Ray actors on this cluster (default: $RAY_ADDRESS; "
-                             "without it, local processes); state and output on storage every node sees")
-    parser.add_argument("--dedup-service", metavar="URL",
-                        help=f"gristmill serve URL: skip storing documents it already has (token from {TOKEN_ENV})")
+                             "a re-run must use the same K (default: %(default)s)")
+    parser.add_argument("--ray-address", type=str, metavar="ADDRESS", default=os.environ.get("RAY_ADDRESS"),
+                        help="run the partitions as Ray actors on this cluster (default: $RAY_ADDRESS, else "
+                             "local processes); state and output on storage every node sees")
+    parser.add_argument("--dedup-service", type=str, metavar="URL",
+                        help=f"gristmill serve URL: skip storing documents it already has (token from {TOKEN_ENV}; "
+                             "default: none)")
+
+
+def _check_texts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a job file's true/false where a text option wants text (the job-file reader passes booleans
+    through unconverted); ValueError naming the file and the key."""
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.type is str and any(isinstance(item, bool) for item in (value if isinstance(value, list) else [value])):
+            raise ValueError(f"{args.job}: {action.dest.replace('_', '-')} must be text, not {value!r}")
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
@@ -104,11 +132,20 @@ def read_seeds(path: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crawlers.crawler import CrawlConfig, crawl
+    from crawlers.crawler import crawl
     from crawlers.output import check_output_folder
     from crawlers.partitioned import check_partitions, state_root
     from pipeline.service.oracle import ServiceOracle
 
+    try:
+        if args.job:
+            options.apply_job_file(args._parser, args, args.job, "crawl", args._argv)
+            _check_texts(args._parser, args)
+        if not args.output:
+            raise ValueError("the output folder is missing: give -o/--output (or output in the --job file)")
+    except (OSError, ValueError) as exc:
+        print(f"gristmill crawl: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
@@ -128,11 +165,20 @@ def run(args: argparse.Namespace) -> int:
         return 2
     oracle = ServiceOracle(args.dedup_service, os.environ.get(TOKEN_ENV) or None) if args.dedup_service else None
     launcher = RayLauncher(args.ray_address) if args.ray_address and config.partitions > 1 else None
-    summary = crawl(seeds, args.output, config, oracle=oracle, launcher=launcher)
-    report = summary.to_dict()
-    report.pop("hosts")
-    report["errors"] = report["errors"][:20]
-    print(json.dumps(report, indent=1))
+    progress = None if args.quiet else ProgressDisplay(config.max_pages)
+    try:
+        summary = crawl(seeds, args.output, config, oracle=oracle, launcher=launcher,
+                        on_progress=progress.show if progress else None)
+    finally:
+        if progress is not None:
+            progress.close()
+    if args.json:
+        report = summary.to_dict()
+        report.pop("hosts")
+        report["errors"] = report["errors"][:20]
+        print(json.dumps(report, indent=1))
+    else:
+        print(describe(summary))
     if not summary.documents and not summary.stopped_by:
         print(nothing_stored(summary), file=sys.stderr)
         return 1
@@ -140,6 +186,57 @@ def run(args: argparse.Namespace) -> int:
         print(f"gristmill crawl: nothing left to fetch; {args.output} holds {summary.documents} documents",
               file=sys.stderr)
     return 0
+
+
+class ProgressDisplay:
+    """The crawl's progress on stderr: an updating bar on a terminal (documents stored, out of
+    --max-pages when given), otherwise the crawler's plain line at each report (every --progress s)."""
+
+    def __init__(self, max_pages: int | None) -> None:
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=max_pages, unit="doc", desc="crawl: stored", file=sys.stderr, dynamic_ncols=True)
+
+    def show(self, report: dict[str, Any]) -> None:
+        if self.bar is None:
+            print(report["line"], file=sys.stderr, flush=True)
+            return
+        self.bar.n = report["documents"]
+        self.bar.set_postfix_str(f"{report['fetched']:,} pages processed, {report['waiting']:,} waiting for "
+                                 f"extraction, {report['queued']:,} queued", refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def describe(summary: CrawlSummary) -> str:
+    """The crawl summary for a person: what is stored, what this run did, and what became of every URL."""
+    rate = f", {summary.pages_per_s:,.1f} pages/s" if summary.fetched_this_run else ""
+    lines = [f"{summary.output}: {summary.documents:,} documents stored (all runs)",
+             f"this run: {summary.fetched_this_run:,} pages processed in {summary.elapsed_s:,.1f} s{rate}, "
+             f"{summary.requests:,} requests, {summary.bytes / 1e6:,.1f} MB",
+             f"URLs admitted, by outcome: {_counts(summary.outcomes) or 'none'}"]
+    if summary.status_counts:
+        lines.append(f"responses this run, by HTTP status or error: {_counts(summary.status_counts)}")
+    if summary.queued:
+        lines.append(f"{summary.queued:,} URLs still queued: run the same command again to go on")
+    if summary.parked_hosts:
+        lines.append(f"{len(summary.parked_hosts):,} hosts parked (--retry-parked tries them again)")
+    if summary.dedup_service:
+        lines.append(f"dedup service: {_counts(summary.dedup_service)}")
+    if summary.errors:
+        lines.append(f"{len(summary.errors):,} errors, the first: {summary.errors[0]}")
+    if summary.stopped_by:
+        lines.append(f"stopped by {summary.stopped_by}; everything finished is committed")
+    return "\n".join(lines)
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{key} {value:,}" for key, value in sorted(counts.items(), key=lambda item: -item[1]))
 
 
 class RayLauncher:
@@ -220,11 +317,13 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "min_delay": args.delay, "max_delay": args.max_delay, "crawl_delay_cap": args.crawl_delay_cap,
         "obey_robots": not args.no_robots, "max_pages": args.max_pages, "max_depth": args.max_depth,
         "max_pages_per_host": args.max_pages_per_host, "follow": args.follow, "max_retries": args.retries,
-        "max_body_bytes": int(args.max_body_mb * 1024 * 1024), "total_timeout": args.timeout,
+        "max_body_bytes": args.max_body_bytes, "total_timeout": args.timeout,
         "extract": not args.no_extract, "warc": args.warc, "allow_networks": tuple(args.allow_network),
         "host_map": _pairs(args.resolve, "--resolve"), "proxies": tuple(args.proxy),
         "proxy_routes": _pairs(args.route, "--route"), "retry_parked": args.retry_parked,
-        "progress_interval": args.progress, "partitions": args.partitions,
+        # On a terminal the bar moves every second; elsewhere a line every --progress seconds.
+        "progress_interval": 1.0 if sys.stderr.isatty() and args.partitions == 1 else args.progress,
+        "partitions": args.partitions,
     }
     if args.extract_workers:
         options["extract_workers"] = args.extract_workers
