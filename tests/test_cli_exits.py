@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sessions import kill_session
 from test_crawl_support import ServerThread, Site, crawl_sites, serve
 from test_pipeline_data import documents, write_jsonl
@@ -244,6 +246,30 @@ def test_stats_on_a_raw_crawl_says_what_it_is(tmp_path: Path, capsys: pytest.Cap
     summary = json.loads(capsys.readouterr().out)
     assert (summary["kind"], summary["documents"], summary["hosts"]) == ("raw crawl", 4, 2)
     assert sum(summary["outcomes"].values()) == 6  # every admitted URL: 4 pages, 2 not found
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 10**12) | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                    max_leaves=8)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(crawl=st.fixed_dictionaries({}, optional={"documents": JSON, "outcomes": JSON | st.dictionaries(
+    st.text(max_size=8), st.integers(0, 10**6), max_size=4), "parked_hosts": JSON}))
+def test_stats_on_a_hostile_crawl_manifest_is_a_summary_or_an_error_naming_it(
+        crawl: dict, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path_factory.mktemp("hostile-crawl"))
+    writer = ShardWriter(out)
+    writer.write([{"id": "a", "text": "x", "domain": "a.test"}, {"id": "b", "text": "y", "domain": "b.test"}])
+    writer.commit(stats={"crawl": crawl}, extra={"kind": "raw-crawl"})
+    status = main(["stats", out, "--json"])
+    captured = capsys.readouterr()
+    if status == 0:
+        assert json.loads(captured.out) == {"kind": "raw crawl", "documents": 2, "hosts": 2,
+                                            "outcomes": crawl.get("outcomes") or {}}
+    else:
+        assert status == 2 and captured.err.startswith(f"gristmill stats: {out}: the manifest's crawl outcomes "
+                                                        "are not counts"), captured.err
 
 
 def _corpus_of_shards(path: Path, shards: int) -> Corpus:

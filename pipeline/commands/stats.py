@@ -31,8 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def describe_raw_crawl(corpus: Corpus) -> dict[str, Any] | None:
     """What a corpus written by ``gristmill crawl`` holds (documents, hosts, fetch outcomes), or None
     for any other corpus: a crawl has no dedup funnel yet, and an all-zero one would say it lost
-    everything. Hosts are counted from the ``domain`` column, one shard at a time."""
+    everything. Hosts are counted from the ``domain`` column, one shard at a time. CorpusError when
+    the manifest's crawl statistics are not what a crawl writes."""
     import pyarrow.compute as pc
+
+    from pipeline.format import CorpusError
 
     crawl = corpus.stats.get("crawl")
     if not isinstance(crawl, dict) or "documents" in corpus.stats:
@@ -41,8 +44,11 @@ def describe_raw_crawl(corpus: Corpus) -> dict[str, Any] | None:
     if "domain" in corpus.schema.names:
         for shard in corpus.shards:
             hosts.update(h for h in pc.unique(corpus.read_shard(shard, ["domain"]).column("domain")).to_pylist() if h)
-    return {"kind": "raw crawl", "documents": corpus.num_rows, "hosts": len(hosts),
-            "outcomes": dict(crawl.get("outcomes") or {})}
+    outcomes = crawl.get("outcomes") or {}
+    if not isinstance(outcomes, dict) or not all(
+            isinstance(count, int) and not isinstance(count, bool) and count >= 0 for count in outcomes.values()):
+        raise CorpusError(f"{corpus.url}: the manifest's crawl outcomes are not counts: {str(outcomes)[:200]}")
+    return {"kind": "raw crawl", "documents": corpus.num_rows, "hosts": len(hosts), "outcomes": outcomes}
 
 
 def render_raw_crawl(corpus_url: str, summary: dict[str, Any]) -> str:
