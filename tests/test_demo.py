@@ -61,12 +61,20 @@ def test_demo_writes_a_verified_corpus_whose_statistics_add_up(demo) -> None:
     # Ground truth from the site: each article (origin, print copy, mirror, wire near-copy) survives exactly once.
     sites = build_sites({host: f"http://{host}" for host in SITE_HOSTS})
     survivors: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
     for source in corpus.to_table(["source"])["source"].to_pylist():
         parts = urlsplit(source)
         page = sites[parts.hostname][unquote(parts.path)]
         if page.kind in ("article", "print", "mirror", "syndicated"):
             survivors[page.original or unquote(parts.path)] += 1
+            kinds[page.kind] += 1
     assert len(survivors) == len(load_articles()) and set(survivors.values()) == {1}, survivors
+    # --prefer domains:publishers.txt: every story survives on its publisher's site, none on the wire or mirror
+    assert set(kinds) <= {"article", "print"}, kinds
+    assert stats["survivor_policy"].startswith(f"domains:{output / 'publishers.txt'}")
+    assert {pair for pair in stats["lost_to"] if pair.startswith("newswire.test -> ")} == {
+        "newswire.test -> lindenpost.test", "newswire.test -> yamakaze.test", "newswire.test -> jornaldovale.test"}
+    assert "lost to    " in stdout and "newswire.test -> lindenpost.test: " in stdout
     # and the demo told the user where everything went
     for name in ("corpus", "removed", "report.html", "tokenizer.json", "summary.json"):
         assert str(output / name) in stdout

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -116,7 +117,8 @@ def test_domain_file_and_the_stats_commands_show_who_lost_to_whom(
     assert _kept(out)["near"] == "orig"
     assert main(["stats", out]) == 0
     text = capsys.readouterr().out
-    assert "lost to (--prefer domains:" in text and "wire.example -> orig.example" in text
+    assert f"prefer     domains:{ranked} (2 domains: orig.example, wire.example)" in text
+    assert re.search(r"^  wire\.example -> orig\.example +2 +1 +1$", text, re.M)
     assert main(["stats", out, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["lost_to"]["www.mirror.example -> orig.example"]["near_duplicate"] == 1
 

@@ -2,7 +2,8 @@
 
 One command shows the whole product on a machine with no network: it serves the demo sites
 (``pipeline.demo.site``) on 127.0.0.1, crawls them with the crawler, runs the dedup job on a local
-Ray with two CPUs, prints the corpus's statistics and writes the HTML report, lists the largest
+Ray with two CPUs (``--prefer``: the original publishers' copies survive, not the wire's), prints
+which domains lost documents to which and the corpus's statistics and writes the HTML report, lists the largest
 duplicate clusters, trains a small BPE tokenizer on the kept text (nothing is downloaded), then
 streams one epoch of packed token batches through ``StreamingLoader`` and prints what a training
 loop would see, including an exact resume from a checkpoint. Everything lands under
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.report.progress import progress_bar, stage_bar
+from pipeline.report.progress import StageProgress, progress_bar
 
 # The demo's Ray is private to this machine: keep it on loopback (Ray otherwise swaps 127.0.0.1 for the
 # machine's network address). Set before anything imports Ray, which reads it once.
@@ -67,19 +68,33 @@ def crawl_demo_site(site: Any, raw: Path) -> dict[str, Any]:
 
 
 # -- 3: dedup on Ray -------------------------------------------------------------------------------
-def deduplicate(raw: Path, corpus: Path, removed: Path) -> dict[str, Any]:
-    """Run the dedup job on a local two-CPU Ray; returns the statistics it stored in the manifest."""
+# Who should survive when a story appears on several sites: the original publishers first, then the
+# mirror, the news wire last (longest-wins kept the wire's copies: its credit line makes them longest).
+PUBLISHERS = ("# the original publishers first", "lindenpost.test", "yamakaze.test", "jornaldovale.test",
+              "# then the mirror, the wire last", "lindenpost-mirror.test", "newswire.test")
+
+
+def deduplicate(raw: Path, corpus: Path, removed: Path, publishers: Path) -> dict[str, Any]:
+    """Run the dedup job on a local two-CPU Ray, the survivors chosen by ``--prefer domains:publishers``;
+    returns the statistics it stored in the manifest."""
     import ray
 
     from pipeline.job import DedupConfig, job_stages, run_dedup
 
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    publishers.write_text("\n".join(PUBLISHERS) + "\n", encoding="utf-8")
     config = DedupConfig(inputs=[str(raw)], output=str(corpus), removed=str(removed), num_partitions=2,
-                         row_group_bytes=16 * 1024, shard_bytes=256 * 1024)
-    bar, on_stage = stage_bar(job_stages(config), "dedup")
-    with bar:
-        return run_dedup(config, on_stage=on_stage)
+                         row_group_bytes=16 * 1024, shard_bytes=256 * 1024, prefer=f"domains:{publishers}")
+    _say(f"gristmill dedup {raw} -o {corpus} --removed {removed} --prefer domains:{publishers}")
+    progress = StageProgress("dedup", job_stages(config), quiet=not sys.stderr.isatty())
+    stats = run_dedup(config, progress=progress)
+    pairs = sorted(stats.get("lost_to", {}).items(), key=lambda kv: (-kv[1]["input"], kv[0]))
+    across = [(pair, row) for pair, row in pairs if pair.split(" -> ")[0] != pair.split(" -> ")[1]]
+    _say(f"prefer     {stats['survivor_policy']}")
+    _say("lost to    " + "; ".join(f"{pair}: {row['input']}" for pair, row in across[:6])
+         + ("" if len(across) <= 6 else f"; and {len(across) - 6} more pairs"))
+    return stats
 
 
 # -- 4: statistics, report, clusters ---------------------------------------------------------------
@@ -229,7 +244,7 @@ def run_demo(output: Path, batch_size: int = 8, seq_len: int = 256) -> dict[str,
     output = output.resolve()
     paths = {name: output / name for name in ("raw", "corpus", "removed")}
     paths.update(report=output / "report.html", tokenizer=output / "tokenizer.json",
-                 summary=output / "summary.json")
+                 summary=output / "summary.json", publishers=output / "publishers.txt")
     for path in paths.values():  # a fresh run: the crawler and the job would otherwise resume
         if path.is_dir():
             shutil.rmtree(path)
@@ -256,8 +271,8 @@ def run_demo(output: Path, batch_size: int = 8, seq_len: int = 256) -> dict[str,
     if crawl["errors"]:
         _say("errors     " + "; ".join(crawl["errors"][:5]))
 
-    _heading(3, "Deduplicate on local Ray (exact hashes, MinHash LSH, connected components)")
-    summary["stats"] = deduplicate(paths["raw"], paths["corpus"], paths["removed"])
+    _heading(3, "Deduplicate on local Ray (exact hashes, MinHash LSH, connected components, --prefer)")
+    summary["stats"] = deduplicate(paths["raw"], paths["corpus"], paths["removed"], paths["publishers"])
 
     _heading(4, "What the dedup did (gristmill stats / gristmill clusters)")
     summary["checks"] = show_statistics(str(paths["corpus"]), paths["report"])

@@ -47,9 +47,9 @@ def _lost_to(stats: Mapping[str, Any]) -> list[str]:
     pairs = stats.get("lost_to") or {}
     if not pairs:
         return []
-    policy = stats.get("survivor_policy", "longest")
     ordered = sorted(pairs.items(), key=lambda kv: (-kv[1].get("input", 0), kv[0]))
-    lines = [f"{'lost to (--prefer ' + policy + ')':<58.58} {'removed':>10} {'exact':>10} {'near':>10}"]
+    lines = [f"prefer     {stats.get('survivor_policy', 'longest')}  (which copy survives)",
+             f"{'lost to: loser -> survivor domain':<58} {'removed':>10} {'exact':>10} {'near':>10}"]
     for pair, row in ordered[:TOP]:
         lines.append(f"  {pair[:56]:<56} {row.get('input', 0):>10,} {row.get('exact_duplicate', 0):>10,} "
                      f"{row.get('near_duplicate', 0):>10,}")
