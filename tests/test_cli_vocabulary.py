@@ -80,8 +80,11 @@ def test_the_check_finds_a_flag_that_departs(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_serve_takes_a_job_file_sizes_with_units_and_its_old_spellings(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from pipeline.cli import main
+    from pipeline.commands import options
+
+    monkeypatch.setattr(options._Renamed, "warned", set())  # deprecations warn once a process: start afresh
 
     state = tmp_path / "state"
     job = tmp_path / "serve.toml"
