@@ -15,7 +15,10 @@ import os
 import re
 import sys
 from collections.abc import Collection, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:  # logging is imported only when a command runs: `gristmill --help` stays quick
+    import logging
 
 # name -> (module, one-line summary); the summaries live here so `gristmill --help` imports no command.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -116,8 +119,12 @@ def quiet_third_party_warnings() -> None:
     """
     import logging
 
-    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
-        lambda record: not record.getMessage().startswith("Token authentication is enabled for this Ray cluster"))
+    # the same function each time: addFilter keeps one copy however many commands a process runs
+    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_not_ray_token_notice)
+
+
+def _not_ray_token_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
