@@ -312,3 +312,24 @@ def test_inspect_verify_shows_progress_unless_quiet(tmp_path: Path, capsys: pyte
     shown.wait(timeout=60)
     assert shown.returncode == 0 and b"all %d shards match" % shards in shown.stdout.read()
     assert f"verify 0/{shards} shards:   0%|".encode() in bar and f"| 0/{total} ".encode() in bar
+
+
+def test_rays_token_notice_is_dropped_and_its_other_warnings_kept() -> None:
+    import inspect
+    import logging
+
+    from ray._private.authentication import authentication_token_setup as ray_auth
+
+    from pipeline.cli import quiet_third_party_warnings
+
+    quiet_third_party_warnings()
+    logger = logging.getLogger(ray_auth.__name__)
+    assert logger is ray_auth.logger
+
+    def passes(message: str) -> bool:
+        return bool(logger.filter(logger.makeRecord(logger.name, logging.WARNING, __file__, 1, message, None, None)))
+
+    notice = "Token authentication is enabled for this Ray cluster"
+    assert notice in inspect.getsource(ray_auth._warn_token_auth_enabled)  # what this Ray prints, word for word
+    assert not passes(f"{notice}. Set RAY_AUTH_MODE=disabled to opt out.")
+    assert passes("Token authentication is disabled for this Ray cluster. Anyone with network access ...")
