@@ -247,6 +247,11 @@ def test_stats_on_a_raw_crawl_says_what_it_is(tmp_path: Path, capsys: pytest.Cap
     assert (summary["kind"], summary["documents"], summary["hosts"]) == ("raw crawl", 4, 2)
     assert sum(summary["outcomes"].values()) == 6  # every admitted URL: 4 pages, 2 not found
 
+    shard = Corpus.open(out).shard_path(Corpus.open(out).shards[0])
+    Path(shard).write_bytes(b"\0" * os.path.getsize(shard))  # damaged: same size, not Parquet
+    assert main(["stats", out]) == 2
+    assert capsys.readouterr().err.startswith(f"gristmill stats: {shard}: a shard cannot be read")
+
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 10**12) | st.floats(allow_nan=False) | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),

@@ -28,26 +28,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_output_flags(parser, json_help="print the statistics as JSON")
 
 
-def describe_raw_crawl(corpus: Corpus) -> dict[str, Any] | None:
+def describe_raw_crawl(corpus: Corpus, quiet: bool = True) -> dict[str, Any] | None:
     """What a corpus written by ``gristmill crawl`` holds (documents, hosts, fetch outcomes), or None
     for any other corpus: a crawl has no dedup funnel yet, and an all-zero one would say it lost
-    everything. Hosts are counted from the ``domain`` column, one shard at a time. CorpusError when
-    the manifest's crawl statistics are not what a crawl writes."""
+    everything. Hosts are counted from the ``domain`` column, one shard at a time, with progress
+    unless ``quiet``. CorpusError when the crawl statistics are not what a crawl writes or a shard
+    cannot be read."""
     import pyarrow.compute as pc
 
     from pipeline.format import CorpusError
+    from pipeline.report.progress_lines import Progress
 
     crawl = corpus.stats.get("crawl")
     if not isinstance(crawl, dict) or "documents" in corpus.stats:
         return None
-    hosts: set[str] = set()
-    if "domain" in corpus.schema.names:
-        for shard in corpus.shards:
-            hosts.update(h for h in pc.unique(corpus.read_shard(shard, ["domain"]).column("domain")).to_pylist() if h)
     outcomes = crawl.get("outcomes") or {}
     if not isinstance(outcomes, dict) or not all(
             isinstance(count, int) and not isinstance(count, bool) and count >= 0 for count in outcomes.values()):
         raise CorpusError(f"{corpus.url}: the manifest's crawl outcomes are not counts: {str(outcomes)[:200]}")
+    hosts: set[str] = set()
+    if "domain" in corpus.schema.names:
+        with Progress("counting hosts", len(corpus.shards), "shards", quiet=quiet) as progress:
+            for shard in corpus.shards:
+                try:
+                    domains = corpus.read_shard(shard, ["domain"]).column("domain")
+                except (OSError, ValueError) as exc:  # pyarrow's errors for a damaged file are ValueErrors
+                    raise CorpusError(f"{corpus.shard_path(shard)}: a shard cannot be read: {exc}") from None
+                hosts.update(host for host in pc.unique(domains).to_pylist() if host)
+                progress.update(1)
     return {"kind": "raw crawl", "documents": corpus.num_rows, "hosts": len(hosts), "outcomes": outcomes}
 
 
@@ -66,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         corpus = Corpus.open(args.corpus)
-        raw = describe_raw_crawl(corpus)
+        raw = describe_raw_crawl(corpus, quiet=args.quiet)
         stats = full_stats(corpus) if raw is None else {}
     except CorpusError as exc:
         print(f"gristmill stats: {exc}", file=sys.stderr)
