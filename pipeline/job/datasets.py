@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 from pipeline.format.signature_index import INDEX_FOLDER
@@ -218,10 +219,10 @@ EXACT_CLUSTER_SCHEMA = pa.schema([*EXACT_BY_REP_SCHEMA, *CLUSTER_OF_SCHEMA.remov
 def with_survivor_columns(table: pa.Table) -> pa.Table:
     """``table`` with the SURVIVOR_FIELDS it lacks: an earlier corpus's rows (``pipeline.job.earlier``)
     get preference 0 and no domain; they win their group by ``existing`` whatever the policy."""
+    missing = {"prefer": lambda n: pa.array(np.zeros(n, np.int64)), "domain": lambda n: pa.nulls(n, pa.string())}
     for spec in SURVIVOR_FIELDS:
         if spec.name not in table.column_names:
-            value = 0 if spec.name == "prefer" else None
-            table = table.append_column(spec, pa.array([value] * table.num_rows, spec.type))
+            table = table.append_column(spec, missing[spec.name](table.num_rows))
     return table
 
 
