@@ -108,8 +108,8 @@ def test_a_different_job_is_refused_then_replaces_with_overwrite_and_stale_files
     assert all(result.ok for result in corpus.verify())
     index = corpus.manifest.extra["signature_index"]
     listed = {s.path for s in corpus.shards} | set(index["files"]) | set(index["band_files"]) | set(
-        corpus.manifest.extra["stats_table"]["files"]) | {corpus.manifest.extra["rejects"], "manifest.json",
-                                                          corpus.manifest.blocks_file["path"]}
+        corpus.manifest.extra["stats_table"]["files"]) | set(corpus.manifest.extra["pairs"]["files"]) | {
+        corpus.manifest.extra["rejects"], "manifest.json", corpus.manifest.blocks_file["path"]}
     assert _files(out) == listed  # the earlier job's shards, _index, _rejects and _stats files are gone
     assert not (old_files - {"manifest.json"}) & _files(out)
     removed_corpus = Corpus.open(str(removed))
