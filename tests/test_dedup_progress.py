@@ -83,3 +83,26 @@ def test_the_command_prints_stage_lines_to_a_log_and_nothing_with_quiet(
     assert re.search(r"^dedup \[1/\d+\] read: done in \d+:\d\d \(1 tasks, ", err, re.M)
     assert main(["dedup", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "again"), "-q"]) == 0
     assert capsys.readouterr().err == ""
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_each_stage_gets_a_bar_of_its_bytes() -> None:
+    stream = _Terminal()
+    progress = StageProgress("dedup", ("read", "exact"), stream=stream)
+    progress.begin("read", total_bytes=4 * 2**20)
+    for _ in range(4):
+        progress.task_done({"docs": 10, "bytes": 2**20})
+    progress.end("read")
+    progress.begin("exact")
+    progress.task_done({})
+    progress.end("exact")
+    shown = stream.getvalue()
+    assert "dedup [1/2] read:   0%|" in shown and "/4.00M [" in shown  # a bar of the stage's bytes
+    assert "dedup [2/2] exact: " in shown and " tasks/s]" in shown  # unknown bytes: a count of tasks
+    done = [part for part in re.split(r"[\r\n]", shown) if "done in" in part]
+    assert done == ["dedup [1/2] read: done in 0:00 (4 tasks, 40 docs, 4.0 MiB)",
+                    "dedup [2/2] exact: done in 0:00 (1 tasks)"]
