@@ -251,3 +251,19 @@ def test_generated_quality_columns_give_the_same_survivors_with_one_split_and_ma
         assert stats["splits"] == splits
         kept.append(sorted(Corpus.open(str(out)).to_table(["id"])["id"].to_pylist()))
     assert kept[0] == kept[1]
+
+
+def test_the_column_check_reads_a_parquet_footer_or_the_first_jsonl_records(copies: Path, tmp_path: Path) -> None:
+    from pipeline.job.inputs import resolve_inputs
+    from pipeline.job.prefer import check_input_column
+
+    lines = [json.dumps({"text": f"t{i}", **({"stars": 4} if i == 7 else {})}) for i in range(20)]
+    (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
+    jsonl = resolve_inputs([str(tmp_path / "a.jsonl")], {})
+    check_input_column(parse_preference("column:stars"), jsonl, {})  # a field some records lack
+    with pytest.raises(DedupError, match=r"a\.jsonl has no 'score' column \(it has: stars, text\)"):
+        check_input_column(parse_preference("column:-score"), jsonl, {})
+    parquet = resolve_inputs([str(copies)], {})
+    check_input_column(parse_preference("column:quality"), parquet, {})
+    with pytest.raises(DedupError, match=r"mirror\.parquet has no 'stars' column"):
+        check_input_column(parse_preference("column:stars"), parquet, {})

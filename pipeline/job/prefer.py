@@ -36,6 +36,7 @@ LAST = np.iinfo(np.int64).min  # the key of a document the policy knows nothing 
 CANONICAL_COLUMN = "canonical_url"
 _SIGN = np.int64(0x7FFFFFFFFFFFFFFF)
 _PATH_BITS = 32
+JSONL_RECORDS_CHECKED = 100  # records of a JSONL file whose fields say whether it has a policy's column
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ def _epoch_ms(when: _dt.datetime) -> int:
 def check_input_column(preference: Preference, files: Sequence[InputFile],
                        storage_options: Mapping[str, Any] | None) -> None:
     """Before any work: ``column:NAME`` needs NAME in the input. The first file of each INPUT is
-    checked (a Parquet footer, or a JSONL file's first record), not every file: a billion-file input
+    checked (a Parquet footer, or a JSONL file's first records), not every file: a billion-file input
     would take as long to check as to read. DedupError naming the file when it lacks the column."""
     if preference.policy != "column":
         return
@@ -198,7 +199,8 @@ def check_input_column(preference: Preference, files: Sequence[InputFile],
 
 
 def _column_names(item: InputFile, storage_options: Mapping[str, Any] | None) -> set[str] | None:
-    """The columns of a Parquet file or of a JSONL file's first record; None when it cannot tell."""
+    """The columns of a Parquet file, or the fields of a JSONL file's first JSONL_RECORDS_CHECKED records
+    (a field may be absent from some); None when it cannot tell."""
     import orjson
     import pyarrow.parquet as pq
 
@@ -207,11 +209,11 @@ def _column_names(item: InputFile, storage_options: Mapping[str, Any] | None) ->
         if item.kind == "parquet":
             with fsspec.open(item.url, "rb", **options) as handle:
                 return set(pq.read_schema(handle).names)
+        names: set[str] = set()
         with fsspec.open(item.url, "rb", compression="infer", **options) as handle:
-            for line in handle:
-                if line.strip():
-                    record = orjson.loads(line)
-                    return set(record) if isinstance(record, dict) else None
+            records = (orjson.loads(line) for line in handle if line.strip())
+            for _, record in zip(range(JSONL_RECORDS_CHECKED), records, strict=False):
+                names.update(record if isinstance(record, dict) else ())
+        return names or None
     except Exception:  # noqa: BLE001 - an unreadable file is the read stage's to reject, with its reason
         return None
-    return None
