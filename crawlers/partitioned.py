@@ -69,10 +69,18 @@ def _process_main(run: Callable[[], dict[str, Any]], results: Connection) -> Non
 
 
 class ProcessLauncher:
-    """Partitions as local processes (spawned: the parent may hold threads that fork would copy)."""
+    """Partitions as local processes, forked from a fork server that has imported the crawler once.
+
+    Why a fork server: the parent may hold threads that a plain fork would copy, and a spawned
+    partition imported the crawler itself (aiohttp, pyarrow, the public suffix list), start-up every
+    partition paid again. The server is a fresh process with no threads; it imports the crawler
+    once and forks each partition from there. If this process's fork server already runs (it started
+    for extraction workers), partitions fork from it and import what it lacks themselves.
+    """
 
     def __init__(self) -> None:
-        self.context = multiprocessing.get_context("spawn")
+        self.context = multiprocessing.get_context("forkserver")
+        self.context.set_forkserver_preload(["crawlers._partition_preload"])
         self.processes: dict[int, tuple[Any, Connection]] = {}
 
     def start(self, index: int, run: Callable[[], dict[str, Any]]) -> None:
