@@ -163,3 +163,45 @@ def test_a_hostile_pairs_file_is_a_clear_error(copied: Path, data: bytes) -> Non
     outside = PairsInfo(["../elsewhere.parquet"], *list(info.to_dict().values())[1:])
     with pytest.raises(CorpusError):  # a manifest's path is followed only inside the corpus
         list(iter_pairs(corpus, outside))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edges=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 12), st.integers(0, 1), st.integers(0, 12),
+                                st.integers(26, 32)), max_size=60),
+       threshold=st.sampled_from([0.85, 0.9, 0.95, 1.0]), fold=st.integers(1, 8))
+def test_recut_in_batches_equals_one_union_find(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+                                                edges: list[tuple[int, int, int, int, int]], threshold: float,
+                                                fold: int) -> None:
+    """Pairs folded a few at a time give the components of all of them at once; split 0 plays an --against
+    corpus, whose documents are never removed."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from dedup.cluster import connected_components, distinct
+    from pipeline.format import CORPUS_SCHEMA, ShardWriter
+    from pipeline.format.pairs_table import PAIRS_SCHEMA
+    from pipeline.report import what_if as module
+
+    monkeypatch.setattr(module, "FOLD_PAIRS", fold)
+    url = tmp_path_factory.mktemp("pairs") / "c"
+    left = np.array([s << 32 | o for s, o, _, _, _ in edges], np.int64)
+    right = np.array([s << 32 | o for _, _, s, o, _ in edges], np.int64)
+    matches = np.array([m for *_, m in edges], np.uint16)
+    (url / "_pairs").mkdir(parents=True)
+    pq.write_table(pa.table([left, right, matches], schema=PAIRS_SCHEMA), url / "_pairs" / "p.parquet", row_group_size=5)
+    with ShardWriter(str(url), CORPUS_SCHEMA) as writer:
+        writer.write([{"id": "x", "text": "x"}])
+        writer.commit(stats={"documents": {"input": 1, "kept": 1}}, extra={"pairs": {
+            "files": ["_pairs/p.parquet"], "threshold": 0.8, "floor": 0.6, "num_perm": 32, "earlier_splits": 1,
+            "key_bits": 32, "rows": len(edges)}})
+    cut = module.recut(Corpus.open(str(url)), PairsInfo.of(Corpus.open(str(url))), threshold)
+    linked = (matches / 32 >= threshold) & (left != right)  # a document paired with itself is no cluster
+    keys = distinct(np.concatenate([left[linked], right[linked]]))
+    labels = connected_components(keys, left[linked], right[linked])
+    earlier = (keys >> 32) < 1
+    near = 0
+    for label in np.unique(labels):
+        members = labels == label
+        near += int((members & ~earlier).sum()) - (0 if (members & earlier).any() else 1)
+    sizes = np.unique(labels, return_counts=True)[1]
+    assert (cut.near_duplicates, cut.clusters, cut.largest) == (near, int(sizes.size), int(sizes.max(initial=0)))
