@@ -26,8 +26,9 @@ measures its whole process tree (driver, Ray's daemons and workers; benchmarks/p
 counts the files under OUTPUT/_work, reads ``gristmill stats --json`` for the connected-components
 rounds and the read splits, then deletes the output. ``--datatrove`` also runs datatrove's MinHash
 pipeline (benchmarks/pipeline_e2e.py, same settings: word 5-grams, 14 bands x 8 rows, 2 workers) on
-one size in the same run, once (it takes ~2,000 CPU s per GB). Medians over ``--runs``. The driver
-runs in .venv-bench (psutil, datatrove):
+one size in the same run, once (it takes ~2,000 CPU s per GB). ``--prefer POLICY`` (repeatable) also
+runs gristmill with that survivor policy in every run, right after the default one, for the cost of
+a policy on the same data. Medians over ``--runs``. The driver runs in .venv-bench (psutil, datatrove):
 
     make bench-env
     .venv-bench/bin/python benchmarks/pipeline_scale.py generate --sizes 0.3,1,3,10
@@ -363,13 +364,15 @@ def _work_files(work: Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def run_gristmill(inputs: Path, work: Path, partition_bytes: int | None) -> dict[str, Any]:
+def run_gristmill(inputs: Path, work: Path, partition_bytes: int | None, prefer: str | None = None) -> dict[str, Any]:
     out = work / "corpus"
     gristmill = gristmill_command()
     command = [gristmill, "dedup", str(inputs), "-o", str(out), "--keep-work", "--num-perm", str(NUM_PERM),
                "--bands", str(BANDS), "--rows", str(ROWS), "--ngram", str(NGRAM)]
     if partition_bytes is not None:
         command += ["--partition-bytes", str(partition_bytes)]
+    if prefer is not None:
+        command += ["--prefer", prefer]
     measured = measure(command, work / "gristmill.log")
     shown = subprocess.run([gristmill, "stats", str(out), "--json"], capture_output=True, text=True)
     if shown.returncode != 0:
@@ -396,12 +399,14 @@ def _peaks(measured: dict[str, Any], is_worker: Callable[[str], bool]) -> dict[s
 
 
 def run_one(tool: str, size: float, data: Path, run: int, root: Path, partition_bytes: int | None) -> dict[str, Any]:
-    work = root / "runs" / f"{tool}-{size:g}GB-run{run}"
+    """One run of ``tool``: ``datatrove``, ``gristmill``, or ``gristmill --prefer POLICY``."""
+    work = root / "runs" / f"{tool.split()[0]}-{size:g}GB-run{run}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     load = os.getloadavg()[0]
-    if tool == "gristmill":
-        result = run_gristmill(data / "input", work, partition_bytes)
+    if tool.startswith("gristmill"):
+        prefer = tool.split("--prefer ", 1)[1] if "--prefer " in tool else None
+        result = run_gristmill(data / "input", work, partition_bytes, prefer)
     else:  # datatrove's pool processes are the executor's children; the largest of them is its worker peak
         result = _peaks(run_datatrove(data / "input", work), lambda name: True)
         result["removed"] = len(result["removed"])
@@ -429,7 +434,7 @@ def report(results: list[dict[str, Any]], generated: dict[float, dict[str, Any]]
     for (tool, size), runs in sorted(groups.items(), key=lambda item: (item[0][0] != "gristmill", item[0][1])):
         info, last = generated[size], runs[-1]
         planned = info["exact_copies"] + info["near_copies"]  # the hot cluster's copies included
-        if tool == "gristmill":
+        if tool.startswith("gristmill"):
             documents = last["stats"]["documents"]
             removed = documents.get("exact_duplicate", 0) + documents.get("near_duplicate", 0)
             rounds = last["stats"].get("components", {}).get("rounds", "")
@@ -450,18 +455,22 @@ def report(results: list[dict[str, Any]], generated: dict[float, dict[str, Any]]
         if ("gristmill", size) in per_gb:
             lines += ["", f"datatrove / gristmill CPU s at {size:g} GB: "
                           f"{per_gb[('datatrove', size)] / per_gb[('gristmill', size)]:.1f}x"]
+    for tool, size in sorted(key for key in groups if key[0].startswith("gristmill --prefer")):
+        if ("gristmill", size) in per_gb:
+            lines += ["", f"{tool} / gristmill (longest) median CPU s at {size:g} GB: "
+                          f"{per_gb[(tool, size)] / per_gb[('gristmill', size)]:.3f}"]
     lines += ["", "largest workers (task at their peak, PSS MiB; last run):"]
     for (tool, size), runs in sorted(groups.items()):
         lines.append(f"- {tool} {size:g} GB: " + ", ".join(
             f"{w['name'].strip()[:40]} {w['pss'] / 2**20:.0f}" for w in runs[-1]["largest_workers"]))
     lines += ["", "work files by folder under OUTPUT/_work (last run):"]
     for (tool, size), runs in sorted(groups.items()):
-        if tool == "gristmill":
-            lines.append(f"- {size:g} GB: " + ", ".join(f"{k} {v:,}" for k, v in runs[-1]["work_files"].items()))
+        if tool.startswith("gristmill"):
+            lines.append(f"- {tool} {size:g} GB: " + ", ".join(f"{k} {v:,}" for k, v in runs[-1]["work_files"].items()))
     lines += ["", "gristmill stage seconds (last run):"]
     for (tool, size), runs in sorted(groups.items()):
-        if tool == "gristmill":
-            lines.append(f"- {size:g} GB: " + json.dumps(runs[-1]["stats"].get("stage_seconds", {})))
+        if tool.startswith("gristmill"):
+            lines.append(f"- {tool} {size:g} GB: " + json.dumps(runs[-1]["stats"].get("stage_seconds", {})))
     return "\n".join(lines)
 
 
@@ -477,6 +486,9 @@ def main() -> None:
     parser.add_argument("--datatrove", type=float, nargs="?", const=1.0, metavar="GB",
                         help="also run datatrove on this size (default 1 GB when given bare), in the first "
                              "run only: it takes ~2,000 CPU s per GB")
+    parser.add_argument("--prefer", action="append", default=[], metavar="POLICY",
+                        help="also run gristmill with --prefer POLICY in every run, beside the default (longest), "
+                             "for the cost of a survivor policy (repeatable)")
     parser.add_argument("--partition-bytes", type=int,
                         help="gristmill's --partition-bytes (default its own, 128 MiB): a smaller reducer budget "
                              "reaches the size where every shuffle has several partitions sooner")
@@ -500,7 +512,8 @@ def main() -> None:
     results = []
     for run in range(args.runs):
         for size in sizes:
-            tools = ["gristmill"] + (["datatrove"] if args.datatrove == size and run == 0 else [])
+            tools = ["gristmill", *(f"gristmill --prefer {policy}" for policy in args.prefer)]
+            tools += ["datatrove"] if args.datatrove == size and run == 0 else []
             for tool in tools:
                 result = run_one(tool, size, generated[size]["folder"], run, args.data, args.partition_bytes)
                 results.append(result)
