@@ -202,7 +202,7 @@ class InsertLog:
             self.close()
             raise LogError(
                 f"{self.path}: written for index parameters {theirs}, but the index loaded has "
-                f"{params_to_dict(self.params)}; use another --state folder or the matching index"
+                f"{params_to_dict(self.params)}; use another --state-dir folder or the matching index"
             )
 
     def append(self, records: Sequence[LogRecord]) -> int:
@@ -384,11 +384,11 @@ class DedupService:
             if meta["base"] != index_url:
                 raise StateError(f"{folder}: this state started from "
                                  f"{'--index ' + meta['base'] if meta['base'] else 'an empty index'}; start it "
-                                 "the same way, or use another --state folder")
+                                 "the same way, or use another --state-dir folder")
             stored = params_from_dict(meta["params"], f"{folder}/meta.json")
             if params is not None and params != stored:
                 raise StateError(f"{folder}: written for index parameters {params_to_dict(stored)}, not "
-                                 f"{params_to_dict(params)}; use another --state folder")
+                                 f"{params_to_dict(params)}; use another --state-dir folder")
             self.params = stored
             self.index, _ = read_snapshot(folder, stored, RowStore(rows_path, stored.num_perm + ROW_HEAD))
             self._rows_segments = meta["rows"]
