@@ -81,6 +81,16 @@ def test_demo_writes_a_verified_corpus_whose_statistics_add_up(demo) -> None:
     assert "gristmill clusters" in stdout and summary["checks"]["shards_verified"]
 
 
+def test_demo_recuts_its_clusters_at_another_threshold_without_a_rerun(demo) -> None:
+    output, stdout, summary = demo
+    recut = summary["checks"]["what_if"]
+    near = Corpus.open(str(output / "corpus")).stats["documents"]["near_duplicate"]
+    assert recut["now"]["near_duplicates"] == near > 0  # the stored pairs agree with the job's own count
+    assert recut["then"]["near_duplicates"] < near  # at 0.9 the wire's edited copies no longer all link
+    assert recut["then"]["kept"] - recut["now"]["kept"] == near - recut["then"]["near_duplicates"]
+    assert f"--what-if {recut['threshold']}" in stdout and "What if the threshold were 0.9?" in stdout
+
+
 def test_demo_streams_one_epoch_of_packed_batches(demo) -> None:
     _, stdout, summary = demo
     loader = summary["loader"]

@@ -33,6 +33,7 @@ OUTPUT = Path("demo-output")
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"  # token id 0, so padding never looks like an end of document
 SHORT_DOC_CHARS = 200  # kept documents shorter than this are listed as likely boilerplate
+WHAT_IF_THRESHOLD = 0.9  # the demo recuts its clusters at this threshold from the stored pairs
 
 
 def _say(text: str = "") -> None:
@@ -79,9 +80,11 @@ def deduplicate(raw: Path, corpus: Path, removed: Path, publishers: Path) -> dic
     returns the statistics it stored in the manifest."""
     import ray
 
+    from pipeline.cli import quiet_third_party_warnings
     from pipeline.job import DedupConfig, job_stages, run_dedup
 
     if not ray.is_initialized():
+        quiet_third_party_warnings()
         ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     publishers.write_text("\n".join(PUBLISHERS) + "\n", encoding="utf-8")
     config = DedupConfig(inputs=[str(raw)], output=str(corpus), removed=str(removed), num_partitions=2,
@@ -105,6 +108,7 @@ def show_statistics(corpus_url: str, report_path: Path) -> dict[str, Any]:
     from pipeline.report.duplicates import find_clusters, open_removed
     from pipeline.report.html_report import write_report
     from pipeline.report.stats_text import render
+    from pipeline.report.what_if import render_what_if, what_if
 
     corpus = Corpus.open(corpus_url)
     _say(render(corpus.stats))
@@ -124,8 +128,13 @@ def show_statistics(corpus_url: str, report_path: Path) -> dict[str, Any]:
              "and home pages whose text is only navigation. Dedup removes copies, not thin pages; filter them "
              "before training if they matter (e.g. " + ", ".join(short[:2]) + ").")
     near = next((c for c in clusters if c.near), clusters[0] if clusters else None)
+    # Tuning the threshold without re-running: the job kept its candidate pairs with their similarity.
+    _say(f"\ngristmill clusters {corpus_url} --what-if {WHAT_IF_THRESHOLD}")
+    recut = what_if(corpus, WHAT_IF_THRESHOLD)
+    _say(render_what_if(recut))
     return {"shards_verified": all(r.ok for r in verified), "clusters": len(clusters),
-            "example_cluster": near.id if near else None, "short_documents": len(short)}
+            "example_cluster": near.id if near else None, "short_documents": len(short),
+            "what_if": {"threshold": WHAT_IF_THRESHOLD, "now": recut["now"], "then": recut["what_if"]}}
 
 
 # -- 5: the trainer's view -------------------------------------------------------------------------
@@ -274,7 +283,7 @@ def run_demo(output: Path, batch_size: int = 8, seq_len: int = 256) -> dict[str,
     _heading(3, "Deduplicate on local Ray (exact hashes, MinHash LSH, connected components, --prefer)")
     summary["stats"] = deduplicate(paths["raw"], paths["corpus"], paths["removed"], paths["publishers"])
 
-    _heading(4, "What the dedup did (gristmill stats / gristmill clusters)")
+    _heading(4, "What the dedup did (gristmill stats / gristmill clusters, --what-if)")
     summary["checks"] = show_statistics(str(paths["corpus"]), paths["report"])
 
     _heading(5, "What a training loop sees (StreamingLoader, packed tokens)")
