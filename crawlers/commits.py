@@ -187,6 +187,7 @@ class CommitLoop:
 
     def _done(self, future: asyncio.Future[int]) -> None:
         if not future.cancelled() and future.exception() is not None:
+            self._unpublished = True  # the interval loop tries again, with whatever waits by then
             self.on_error(f"commit failed, its rows wait for the next one: {future.exception()!r}")
 
     async def run(self) -> None:
