@@ -9,7 +9,12 @@ alternating, robots.txt obeyed, no delays, extraction off or on, the same total 
 the cores the crawl actually got (its CPU seconds over its wall time: on a shared machine, what the
 other jobs left it), and the CPU seconds per page of the crawl (all its processes) and of the
 server, read from /proc: with C cores, K partitions cannot go faster than
-C / (crawl + server CPU per page), the ceiling printed beside each row.
+C / (crawl + server CPU per page), the ceiling printed beside each row. Then what keeps K partitions
+from K times one partition's speed, from the stored pages themselves: the largest partition's share
+of the pages (each partition is one event loop, so the crawl cannot beat K = 1's pages/s over that
+share: the "ceiling from the split"), the part of the wall time the last partition ran alone (from
+the partitions' last fetch times), and the start-up (from the process's start to the first page
+stored by the partition that stored its first page last).
 
     .venv-bench/bin/python benchmarks/crawl_partitions.py [--hosts 8] [--pages 1000] [--runs 3] [--ks 1,2]
 """
@@ -33,12 +38,25 @@ from process_tree import TreeMemory  # noqa: E402
 
 CRAWL = """
 import json, sys
+import pyarrow.parquet as pq
 from crawlers import crawl
+from pipeline.format import Corpus
 if __name__ == "__main__":
     seeds, out, partitions, extract, concurrency = json.loads(sys.argv[1])
     summary = crawl(seeds, out, allow_networks=["127.0.0.0/8"], concurrency=concurrency, per_host_concurrency=4,
                     min_delay=0.0, adaptive=False, extract=extract, partitions=partitions, progress_interval=3600)
-    print(json.dumps({"pages": summary.documents, "elapsed": summary.elapsed_s}))
+    pages, first, last = {}, {}, {}  # per partition (shard names start crawl-pN; one partition: crawl-)
+    for shard in Corpus.open(out).manifest.shards:
+        part = shard.path.split("-")[1] if partitions > 1 else "p0"
+        times = pq.read_table(f"{out}/{shard.path}", columns=["fetch_time"]).column("fetch_time").cast("int64")
+        values = times.to_pylist()
+        pages[part] = pages.get(part, 0) + len(values)
+        first[part] = min(first.get(part, min(values)), min(values))
+        last[part] = max(last.get(part, max(values)), max(values))
+    print(json.dumps({"pages": summary.documents, "elapsed": summary.elapsed_s,
+                      "largest_share": max(pages.values()) / sum(pages.values()),
+                      "alone_s": (max(last.values()) - min(last.values())) / 1000,
+                      "first_page_at": max(first.values()) / 1000}))
 """
 
 
@@ -84,7 +102,7 @@ def crawl_once(seeds: list[str], partitions: int, extract: bool, concurrency: in
                                                                                 concurrency])],
                                        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                        env={**os.environ, "PYTHONPATH": str(ROOT)})
-            started = time.perf_counter()
+            started, started_at = time.perf_counter(), time.time()
             tree = TreeMemory(process.pid)
             stdout, stderr = process.communicate()
             wall = time.perf_counter() - started
@@ -93,7 +111,9 @@ def crawl_once(seeds: list[str], partitions: int, extract: bool, concurrency: in
             os.unlink(code.name)
     if process.returncode != 0:
         raise RuntimeError(f"crawl failed:\n{stderr[-3000:]}")
-    return {**json.loads(stdout.strip().splitlines()[-1]), "wall": wall, "cpu": measured["cpu"]}
+    result = json.loads(stdout.strip().splitlines()[-1])
+    # start-up: from the process's start to the first page stored by the last partition to store one
+    return {**result, "wall": wall, "cpu": measured["cpu"], "startup_s": result["first_page_at"] - started_at}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -105,12 +125,13 @@ def cpu_seconds(pid: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, default=8)
-    parser.add_argument("--pages", type=int, default=1000, help="pages per host")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--ks", default="1,2")
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--extraction", choices=("off", "on", "both"), default="off")
+    parser.add_argument("--hosts", type=int, default=8, help="hosts of the site (default: %(default)s)")
+    parser.add_argument("--pages", type=int, default=1000, help="pages per host (default: %(default)s)")
+    parser.add_argument("--runs", type=int, default=3, help="crawls per K (default: %(default)s)")
+    parser.add_argument("--ks", default="1,2", help="partition counts (default: %(default)s)")
+    parser.add_argument("--concurrency", type=int, default=64, help="connections in all (default: %(default)s)")
+    parser.add_argument("--extraction", choices=("off", "on", "both"), default="off",
+                        help="(default: %(default)s)")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     receive, send = multiprocessing.Pipe(duplex=False)
@@ -121,8 +142,9 @@ def main() -> int:
     print(f"site: {args.pages} pages x {args.hosts} hosts on 127.0.0.1; total concurrency {args.concurrency}; "
           f"{args.runs} runs each, alternating; {cores} cores; load average before {os.getloadavg()[0]:.1f}\n")
     print("| extraction | K | pages/s (median) | x K=1 | cores the crawl got | crawl CPU /page | server CPU /page | "
-          "ceiling pages/s on all cores | pages |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "ceiling pages/s on all cores | largest partition's share | last partition alone | start-up | "
+          "ceiling from the split | pages |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for extract in {"off": (False,), "on": (True,), "both": (False, True)}[args.extraction]:
             runs: dict[int, list[dict[str, float]]] = {k: [] for k in ks}
@@ -139,9 +161,13 @@ def main() -> int:
                 server_cpu = statistics.median(r["server_cpu"] / r["pages"] for r in runs[k])
                 pages = int(statistics.median(r["pages"] for r in runs[k]))
                 used = statistics.median(r["cpu"] / r["wall"] for r in runs[k])
+                share = statistics.median(r["largest_share"] for r in runs[k])
+                alone = statistics.median(r["alone_s"] / r["wall"] for r in runs[k])
+                startup = statistics.median(r["startup_s"] for r in runs[k])
                 print(f"| {'on' if extract else 'off'} | {k} | {rate:.0f} | {rate / base:.2f}x | {used:.2f} | "
                       f"{crawl_cpu * 1000:.2f} ms | {server_cpu * 1000:.2f} ms | {cores / (crawl_cpu + server_cpu):.0f} | "
-                      f"{pages} |", flush=True)
+                      f"{share:.0%} | {alone:.0%} of the wall time | {startup:.1f} s | "
+                      f"{base / share:.0f} ({1 / share:.2f}x) | {pages} |", flush=True)
     finally:
         server.terminate()
     print(f"\nload average after {os.getloadavg()[0]:.1f}")
