@@ -164,3 +164,47 @@ def test_an_extraction_worker_whose_crawl_has_gone_exits_without_a_traceback() -
     ours.close()
     assert _serve(theirs) is None  # before, BrokenPipeError escaped and the worker printed its traceback
     theirs.close()
+
+
+def test_on_a_terminal_progress_is_a_bar_of_documents_out_of_max_pages(servers: ServerThread, tmp_path: Path) -> None:
+    """stderr a pseudo-terminal (160 columns): a bar that moves, and ends at the crawl's final count."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+    import threading
+
+    site = _site(servers, pages=6)
+    master, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal side closed
+                return
+            if not chunk:
+                return
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", "crawl", str(_seeds(tmp_path, site)), "-o", str(tmp_path / "out"),
+             "--allow-network", "127.0.0.0/8", "--resolve", f"{site.name}={site.ip}", "--delay", "0.4", "--per-host",
+             "1", "--no-extract", "--max-pages", "7"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=terminal, text=True, timeout=90, check=False)
+    finally:
+        os.close(terminal)
+        reader.join(5)
+        os.close(master)
+    shown = b"".join(chunks).decode("utf-8", "replace")
+    assert result.returncode == 0, shown
+    frames = [frame for frame in shown.split("\r") if frame.startswith("crawl: stored:")]
+    assert len(frames) >= 3 and "0/7" in frames[0], shown  # it moved, out of --max-pages
+    assert "7/7" in frames[-1] and "7 pages processed, 0 queued" in frames[-1], frames[-1]
+    assert "{" not in shown

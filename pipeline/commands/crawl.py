@@ -166,12 +166,13 @@ def run(args: argparse.Namespace) -> int:
     oracle = ServiceOracle(args.dedup_service, os.environ.get(TOKEN_ENV) or None) if args.dedup_service else None
     launcher = RayLauncher(args.ray_address) if args.ray_address and config.partitions > 1 else None
     progress = None if args.quiet else ProgressDisplay(config.max_pages)
+    summary = None
     try:
         summary = crawl(seeds, args.output, config, oracle=oracle, launcher=launcher,
                         on_progress=progress.show if progress else None)
     finally:
         if progress is not None:
-            progress.close()
+            progress.close(summary)
     if args.json:
         report = summary.to_dict()
         report.pop("hosts")
@@ -208,8 +209,14 @@ class ProgressDisplay:
                                  f"extraction, {report['queued']:,} queued", refresh=False)
         self.bar.refresh()
 
-    def close(self) -> None:
+    def close(self, summary: CrawlSummary | None) -> None:
+        """End the bar at the crawl's final counts (the last periodic report may predate the end)."""
         if self.bar is not None:
+            if summary is not None:
+                self.bar.n = summary.documents
+                self.bar.set_postfix_str(f"{summary.fetched_this_run:,} pages processed, {summary.queued:,} queued",
+                                         refresh=False)
+                self.bar.refresh()
             self.bar.close()
 
 
