@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-robots", action="store_true")
     parser.add_argument("--proxy", action="append", default=[])
     parser.add_argument("--follow", choices=("same-host", "any"), default="same-host")
+    parser.add_argument("--user-agent")
+    parser.add_argument("--resolve", action="append", default=[])
     return parser
 
 
@@ -72,6 +74,15 @@ def test_job_file_fills_what_the_command_line_left(tmp_path) -> None:
         10 << 20, 100, True, ["a", "b"], "any")
 
 
+def test_job_file_values_of_untyped_options_are_text(tmp_path) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text('user-agent = 5\nresolve = ["a=127.0.0.1", 7]\n')
+    parser = _parser()
+    args = parser.parse_args(["seeds.txt"])
+    apply_job_file(parser, args, str(job), "crawl", ["seeds.txt"])
+    assert (args.user_agent, args.resolve) == ("5", ["a=127.0.0.1", "7"])
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("bogus = 1", "unknown option 'bogus'"),
     ("max-pages = 'x'", "max-pages: invalid literal"),
@@ -80,6 +91,8 @@ def test_job_file_fills_what_the_command_line_left(tmp_path) -> None:
     ("max-pages = 3\nmax-body = [1, 2]", "max-body takes one value"),
     ("follow = 'nowhere'", "follow: 'nowhere' is not one of"),
     ("max-pages = ", "not a valid TOML file"),
+    ("user-agent = false", "user-agent takes a value, not false"),
+    ("resolve = [true]", "resolve takes a value, not true"),
 ])
 def test_bad_job_file_names_file_and_key(tmp_path, text: str, message: str) -> None:
     job = tmp_path / "job.toml"

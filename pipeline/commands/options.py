@@ -168,11 +168,12 @@ def _job_value(path: str, key: str, action: argparse.Action, value: Any) -> Any:
     for item in values:
         if isinstance(item, dict | list):
             raise ValueError(f"{where}: {item!r} is not a single value")
-        if action.type is not None and not isinstance(item, bool):
-            try:
-                item = action.type(item if isinstance(item, str) else str(item))
-            except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
-                raise ValueError(f"{where}: {exc}") from None
+        if isinstance(item, bool):  # only flags take true/false; here it would pass as a value unchecked
+            raise ValueError(f"{where} takes a value, not {str(item).lower()}")
+        try:  # as on the command line: the text through the option's type (none: the text itself)
+            item = (action.type or str)(item if isinstance(item, str) else str(item))
+        except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
+            raise ValueError(f"{where}: {exc}") from None
         if action.choices is not None and item not in action.choices:
             raise ValueError(f"{where}: {item!r} is not one of {', '.join(map(str, action.choices))}")
         converted.append(item)
