@@ -4,8 +4,8 @@ Input: real source and documentation files from this machine (several Python ver
 /root/.pyenv, whose copies across versions are natural near-duplicates, then /usr/share/doc,
 /usr/include, /usr/lib/python3*, the project's own virtualenv), packed into JSONL shards of
 ``{"id": path, "text": contents}`` under bench-data/pipeline_e2e/. The driver runs in .venv-bench
-(psutil, datatrove); gristmill itself runs from .venv-plain, gristmill as ``pip install gristmill``
-installs it with no extras (``make bench-env`` builds both; the ``cluster`` extra's ``ray[default]``
+(psutil, datatrove); gristmill itself runs from .venv-plain, gristmill as ``pip install 'gristmill[all]'``
+installs it, without the ``cluster`` extra (``make bench-env`` builds both; the ``cluster`` extra's ``ray[default]``
 makes Ray's dashboard agents heavier: 0.98 against 0.85 GiB PSS and 13.0 against 10.8 CPU seconds
 on the 120 MB slice, measured once each). Both tools read the same shards
 with the same MinHash settings (5-word shingles, 14 bands x 8 rows = 112 permutations, datatrove's

@@ -20,8 +20,8 @@ Documents are made of real paragraphs picked at random, so unrelated documents s
 generator is seeded and each file depends only on (seed, file number): any number of processes
 writes the same bytes. Sizes are bytes of JSONL (1 GB = 10^9).
 
-The runner runs ``gristmill dedup`` (the public command line, from .venv-plain, gristmill with no
-extras as ``pip install gristmill`` installs it) on each size as a fresh process with ``--keep-work``,
+The runner runs ``gristmill dedup`` (the public command line, from .venv-plain, gristmill as
+``pip install 'gristmill[all]'`` installs it) on each size as a fresh process with ``--keep-work``,
 measures its whole process tree (driver, Ray's daemons and workers; benchmarks/process_tree.py),
 counts the files under OUTPUT/_work, reads ``gristmill stats --json`` for the connected-components
 rounds and the read splits, then deletes the output. ``--datatrove`` also runs datatrove's MinHash

@@ -88,7 +88,7 @@ class TreeMemory:
 
 
 def gristmill_command() -> str:
-    """The ``gristmill`` console script: as ``pip install gristmill`` installs it (``.venv-plain``), else
+    """The ``gristmill`` console script: as ``pip install 'gristmill[all]'`` installs it (``.venv-plain``), else
     the tested environment's."""
     for venv in (".venv-plain", ".venv"):
         if (REPO / venv / "bin" / "gristmill").exists():
