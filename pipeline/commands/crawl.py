@@ -43,15 +43,14 @@ HINTS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    # type=str on text options: a job file's value (a TOML number, say) goes through it as on the command line
     parser.epilog = EPILOG
-    parser.add_argument("seeds", type=str, help="file with one seed URL per line (# comments allowed), or '-' for stdin; "
-                                      "sitemap URLs (*.xml, *.xml.gz) are expanded")
-    parser.add_argument("-o", "--output", type=str, help="corpus folder, local path or fsspec URL (required, on the command "
-                                               "line or in the job file)")
+    parser.add_argument("seeds", help="file with one seed URL per line (# comments allowed), or '-' for stdin; "
+                                       "sitemap URLs (*.xml, *.xml.gz) are expanded")
+    parser.add_argument("-o", "--output", help="corpus folder, local path or fsspec URL (required, on the command "
+                                                "line or in the job file)")
     parser.add_argument("--job", metavar="TOML", help="read options from this TOML file's [crawl] table (or its top "
                                                       "level); the command line wins (default: none)")
-    parser.add_argument("--state-dir", type=str, help="frontier folder (default: OUTPUT/.crawl; required for remote output)")
+    parser.add_argument("--state-dir", help="frontier folder (default: OUTPUT/.crawl; required for remote output)")
     parser.add_argument("--concurrency", type=int, default=64, help="connections overall (default: %(default)s)")
     parser.add_argument("--per-host", type=int, default=2, help="connections per host (default: %(default)s)")
     parser.add_argument("--delay", type=float, default=1.0,
@@ -78,37 +77,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="store the page's visible text instead of extracted main text (faster)")
     parser.add_argument("--extract-workers", type=int, help="extraction processes (default: one per CPU)")
     parser.add_argument("--warc", action="store_true", help="also write WARC/1.1 files under OUTPUT/warc/")
-    parser.add_argument("--allow-network", type=str, action="append", default=[], metavar="CIDR",
+    parser.add_argument("--allow-network", action="append", default=[], metavar="CIDR",
                         help="allow these private/loopback networks (e.g. 127.0.0.0/8); repeatable (default: none)")
-    parser.add_argument("--resolve", type=str, action="append", default=[], metavar="HOST=IP",
+    parser.add_argument("--resolve", action="append", default=[], metavar="HOST=IP",
                         help="resolve HOST to IP without DNS (like curl --resolve); repeatable (default: none)")
-    parser.add_argument("--proxy", type=str, action="append", default=[], metavar="URL[,region=R][,hosts=GLOB|GLOB]",
+    parser.add_argument("--proxy", action="append", default=[], metavar="URL[,region=R][,hosts=GLOB|GLOB]",
                         help="add a proxy to the pool; repeatable (default: none, direct connections)")
-    parser.add_argument("--route", type=str, action="append", default=[], metavar="GLOB=REGION",
+    parser.add_argument("--route", action="append", default=[], metavar="GLOB=REGION",
                         help="send hosts matching GLOB through proxies of REGION; repeatable (default: none)")
     parser.add_argument("--retry-parked", action="store_true", help="give parked hosts another chance")
-    parser.add_argument("--user-agent", type=str, help=f"User-Agent header (default: {USER_AGENT})")
+    parser.add_argument("--user-agent", help=f"User-Agent header (default: {USER_AGENT})")
     parser.add_argument("--progress", type=float, default=10.0, metavar="SECONDS",
                         help="seconds between progress lines when stderr is not a terminal (default: %(default)s)")
     options.add_output_flags(parser, json_help="print the crawl summary as JSON on stdout")
     parser.add_argument("--partitions", type=int, default=1, metavar="K",
                         help="crawler processes, each owning the hosts whose registered domain hashes to it; "
                              "a re-run must use the same K (default: %(default)s)")
-    parser.add_argument("--ray-address", type=str, metavar="ADDRESS", default=os.environ.get("RAY_ADDRESS"),
+    parser.add_argument("--ray-address", metavar="ADDRESS", default=os.environ.get("RAY_ADDRESS"),
                         help="run the partitions as Ray actors on this cluster (default: $RAY_ADDRESS, else "
                              "local processes); state and output on storage every node sees")
-    parser.add_argument("--dedup-service", type=str, metavar="URL",
+    parser.add_argument("--dedup-service", metavar="URL",
                         help=f"gristmill serve URL: skip storing documents it already has (token from {TOKEN_ENV}; "
                              "default: none)")
-
-
-def _check_texts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse a job file's true/false where a text option wants text (the job-file reader passes booleans
-    through unconverted); ValueError naming the file and the key."""
-    for action in parser._actions:
-        value = getattr(args, action.dest, None)
-        if action.type is str and any(isinstance(item, bool) for item in (value if isinstance(value, list) else [value])):
-            raise ValueError(f"{args.job}: {action.dest.replace('_', '-')} must be text, not {value!r}")
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
@@ -140,7 +130,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.job:
             options.apply_job_file(args._parser, args, args.job, "crawl", args._argv)
-            _check_texts(args._parser, args)
         if not args.output:
             raise ValueError("the output folder is missing: give -o/--output (or output in the --job file)")
     except (OSError, ValueError) as exc:
