@@ -260,7 +260,7 @@ def test_report_command_line(dedup_output, tmp_path, capsys) -> None:
 def test_progress_lines_off_a_terminal_and_none_when_quiet() -> None:
     import io
 
-    from pipeline.report.progress_lines import Progress
+    from pipeline.report.progress import Progress
 
     log = io.StringIO()  # not a terminal: plain lines, here every update (every=0)
     with Progress("clusters: removed rows scanned", 200, "rows", stream=log, every=0) as progress:

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from pipeline.report.cluster_text import cluster_summary, render_cluster, render_list
     from pipeline.report.duplicates import find_cluster, find_clusters, load_texts, open_removed
-    from pipeline.report.progress_lines import Progress
+    from pipeline.report.progress import Progress
 
     corpus = Corpus.open(args.corpus)
     if args.what_if is not None:

@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from pipeline.commands import options
-from pipeline.report.progress_lines import LINE_SECONDS, Progress
+from pipeline.report.progress import LINE_SECONDS, Progress
 from pipeline.report.stats_text import human_bytes
 
 PROGRESS_SECONDS = LINE_SECONDS  # between plain progress lines when stderr is not a terminal

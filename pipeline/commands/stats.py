@@ -37,7 +37,7 @@ def describe_raw_crawl(corpus: Corpus, quiet: bool = True) -> dict[str, Any] | N
     import pyarrow.compute as pc
 
     from pipeline.format import CorpusError
-    from pipeline.report.progress_lines import Progress
+    from pipeline.report.progress import Progress
 
     crawl = corpus.stats.get("crawl")
     if not isinstance(crawl, dict) or "documents" in corpus.stats:

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from pipeline.format import JOB_FINGERPRINT_KEY, Corpus, CorpusError
-from pipeline.report.progress_lines import Progress
+from pipeline.report.progress import Progress
 
 REMOVED_COLUMNS = ("removed_as", "duplicate_of", "similarity")
 _META = ["id", "source", "domain", "language"]

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from pipeline.report.duplicates import SIMILARITY_BIN
-from pipeline.report.progress_lines import Progress
+from pipeline.report.progress import Progress
 from pipeline.report.stats_text import human_bytes, key_count
 
 OUTCOMES = ("kept", "exact_duplicate", "near_duplicate", "rejected")

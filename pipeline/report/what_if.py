@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline.format import Corpus, CorpusError
 from pipeline.format.pairs_table import PairsInfo, iter_pairs, min_matches
-from pipeline.report.progress_lines import Progress
+from pipeline.report.progress import Progress
 
 FOLD_PAIRS = 1 << 22  # pairs gathered before they are folded into the components held
 
