@@ -82,7 +82,7 @@ class Counters:
     """What a trainer can log: bytes read, blocks fetched, cache hits, retries, reads in flight, waiting."""
 
     SUMS = ("bytes_read", "blocks_fetched", "reads", "cache_hits", "retries", "throttled", "wait_seconds",
-            "read_seconds", "batches", "footers_dropped")
+            "read_seconds", "batches", "footers_dropped", "reads_ahead")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -96,6 +96,7 @@ class Counters:
         self.read_seconds = 0.0
         self.batches = 0
         self.footers_dropped = 0
+        self.reads_ahead = 0
         self.distinct_blocks_in_batches = 0
         self.max_in_flight = 0
         self.in_flight_limit = 0

@@ -10,6 +10,16 @@ The consumer receives whole windows in order and releases a window's blocks when
 Blocks shared by consecutive windows are fetched once. Everything waits on condition variables,
 semaphores or futures: nothing polls.
 
+Stored bytes are read ahead of the decoded-bytes reservation. A block's decoded size is about four
+times its stored size, and the consumer holds a window while the next is decoded, so a budget counted
+in decoded bytes alone leaves no room for reads beyond the next window: against a store 20 ms away the
+reads came in bursts, one window at a time, and the decoders sat idle while each burst was in flight
+(half of every epoch had no read in flight). A read-ahead thread walks the same windows as the
+scheduler and reads the runs it has not reached yet, holding their stored bytes within a share of the
+budget (``READ_AHEAD_SHARE``); the first task for such a block takes the bytes and decodes them at
+once instead of reading. A block is read ahead only while no task holds it, so that first task is
+still to come and every read ahead is taken.
+
 The first window's blocks are fetched alone (slow start), so the first batch does not share the
 cores with read-ahead. The budget is a hard limit with one exception that prevents deadlock: when a
 single window needs more than the budget, that window alone is admitted (the consumer cannot make
@@ -32,6 +42,8 @@ import numpy.ma  # noqa: F401  (np.unique imports it on its first call: 12 ms on
 
 from loaders.blocks import BlockSource, Counters
 from loaders.plan import EpochOrder, StreamSpec
+
+READ_AHEAD_SHARE = 0.2  # of the budget: stored bytes read ahead (the rest is decoded bytes reserved)
 
 
 @dataclass
@@ -66,7 +78,8 @@ class Prefetcher:
         self.spec = spec
         self.start_row = start_row
         self.prepare = prepare
-        self.budget = budget_bytes
+        self.ahead_budget = max(1, int(budget_bytes * READ_AHEAD_SHARE))
+        self.budget = max(1, budget_bytes - self.ahead_budget)
         self.counters = counters
         self.expansion = expansion
         self.max_ahead = max_windows_ahead
@@ -79,11 +92,19 @@ class Prefetcher:
         self._raw: dict[int, bytes] = {}  # a block's bytes fetched for a head decode, until its full decode
         self._decoding = threading.BoundedSemaphore(max(1, threads))
         self._footers_asked: set[int] = set()
+        self._first_done = False
+        self._scheduled = -1  # the window (counted from the first) the scheduler has reached
+        self._ahead: dict[int, Future[bytes]] = {}  # block -> its stored bytes, read ahead of its task
+        self._ahead_bytes = 0
         # one thread per read the gate may allow, plus the decoders; the pool starts them only as needed
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads) + source.gate.maximum,
                                         thread_name_prefix="gristmill-fetch")
+        # reads ahead have a pool of their own: a task in the first pool may wait for one of them
+        self._ahead_pool = ThreadPoolExecutor(max_workers=source.gate.maximum, thread_name_prefix="gristmill-ahead")
         self._thread = threading.Thread(target=self._schedule, name="gristmill-plan", daemon=True)
         self._thread.start()
+        self._reader = threading.Thread(target=self._read_ahead, name="gristmill-read-ahead", daemon=True)
+        self._reader.start()
 
     @property
     def used_bytes(self) -> int:
@@ -98,6 +119,13 @@ class Prefetcher:
         """
         try:
             raw = {block: self._raw.pop(block) for _, block, _, _ in items if block in self._raw}
+            with self._cv:
+                ahead = {block: self._ahead.pop(block) for _, block, _, _ in items if block in self._ahead}
+            for block, read in ahead.items():
+                try:
+                    raw[block] = read.result()  # a failed read raises here as it would have below
+                finally:
+                    self._drop_ahead(block)
             missing = [block for _, block, _, _ in items if block not in raw]
             if missing:
                 if self.source.cache is not None:
@@ -144,6 +172,8 @@ class Prefetcher:
                 with self._cv:
                     if self._stop:
                         return
+                    self._scheduled = relative
+                    self._cv.notify_all()
                     fresh = []
                     for key, block in needed:
                         if key in self._live:
@@ -179,6 +209,9 @@ class Prefetcher:
                     with self._cv:
                         first_futures = [self._live[key].future for key, _ in needed]
                     wait(first_futures)
+                    with self._cv:
+                        self._first_done = True
+                        self._cv.notify_all()
             if pending is not None and not self._publish(*pending):
                 return
             with self._cv:
@@ -188,6 +221,59 @@ class Prefetcher:
             with self._cv:
                 self._ready.append(exc)
                 self._cv.notify_all()
+
+    def _read_ahead(self) -> None:
+        """Read the runs of windows the scheduler has not reached, within ``ahead_budget`` stored bytes.
+
+        It walks the windows as the scheduler does (a block shared with the window before is not fresh)
+        and starts once the first window is in, so the first batch has the link to itself. Runs the
+        scheduler reaches first are left to it; a failure here only ends the read-ahead (the block's own
+        task reads it again and reports the error with the shard's name).
+        """
+        with self._cv:
+            self._cv.wait_for(lambda: self._stop or self._first_done)
+        layout, previous = self.source.layout, set()
+        try:
+            for relative, (_, _, blocks, _) in enumerate(stream_windows(self.order, self.spec, self.start_row)):
+                current = set(np.unique(blocks).tolist())
+                fresh, previous = sorted(current - previous), current
+                for run in self.source.runs(fresh) if relative else ():
+                    need = int(layout.length[run].sum())
+                    if need > self.ahead_budget:
+                        continue
+                    with self._cv:
+                        self._cv.wait_for(lambda n=need, r=relative: self._stop or self._scheduled >= r
+                                          or self._ahead_bytes + n <= self.ahead_budget)
+                        if self._stop:
+                            return
+                        if self._scheduled >= relative or any(b in self._live or b in self._ahead for b in run):
+                            continue  # the scheduler is here already: it reads these itself
+                        reads = {block: Future() for block in run}
+                        self._ahead.update(reads)
+                        self._ahead_bytes += need
+                    self._ahead_pool.submit(self._fetch_ahead, run, reads)
+        except RuntimeError:  # the pool was shut down: the consumer stopped
+            return
+
+    def _fetch_ahead(self, run: list[int], reads: dict[int, Future[bytes]]) -> None:
+        try:
+            if self.source.cache is not None:
+                for block in run:
+                    self.source.cache.pin(self.source.cache_key(block))
+            data = self.source.fetch_run(run)
+            self.counters.add(reads_ahead=1)
+            for block in run:
+                reads[block].set_result(data[block])
+        except BaseException as exc:
+            for read in reads.values():
+                if not read.done():
+                    read.set_exception(exc)
+
+    def _drop_ahead(self, block: int) -> None:
+        """A read-ahead block's stored bytes are no longer held: return them to the read-ahead share."""
+        with self._cv:
+            self._ahead_bytes -= int(self.source.layout.length[block])
+            self._cv.notify_all()
 
     def _publish(self, relative: int, item: tuple[Any, ...]) -> bool:
         """Hand a window to the consumer, staying at most ``max_ahead`` windows ahead; False once stopped."""
@@ -242,6 +328,7 @@ class Prefetcher:
             self._stop = True
             self._cv.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._ahead_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def stream_windows(order: EpochOrder, spec: StreamSpec,

@@ -6,6 +6,7 @@ import collections
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -248,6 +249,28 @@ def test_prefetch_stays_within_its_byte_budget(corpus: tuple[str, list[str]]) ->
         assert prefetcher.used_bytes <= max(budget, 2 * window_need) + 2 * biggest
         rows += len(window.rows)
     assert rows == order.total and max(peaks) > 0
+
+
+def test_stored_bytes_are_read_ahead_within_their_share_and_each_block_once(corpus: tuple[str, list[str]]) -> None:
+    """With the decoded budget full (a slow consumer holding its window), the next windows' stored bytes
+    are already being read, within the read-ahead share; no block is read twice for it."""
+    path, _ = corpus
+    loader = StreamingLoader(path, batch_size=16, columns=["text"], world_size=1, rank=0, shuffle_window=64)
+    order, specs, _ = loader._plan()
+    source = loader.source
+    biggest = max(source.block_nbytes(b) for b in range(len(source.layout.rows)))
+    footers = loader.counters.bytes_read  # block_nbytes read every shard's footer
+    prefetcher = Prefetcher(source, order, specs[0], 0, lambda t: (t, t.nbytes), budget_bytes=3 * biggest,
+                            threads=2, counters=loader.counters)
+    held, rows = [], 0
+    for window in prefetcher:
+        time.sleep(0.02)  # the consumer is the slow part
+        held.append(prefetcher._ahead_bytes)
+        assert prefetcher._ahead_bytes <= prefetcher.ahead_budget
+        rows += len(window.rows)
+    assert rows == order.total
+    assert loader.counters.reads_ahead > 0 and max(held) > 0
+    assert loader.counters.bytes_read - footers == int(source.layout.length.sum())
 
 
 def test_packing_keeps_every_token_once_and_marks_boundaries(corpus: tuple[str, list[str]]) -> None:
