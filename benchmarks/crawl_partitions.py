@@ -16,7 +16,12 @@ share: the "ceiling from the split"), the part of the wall time the last partiti
 the partitions' last fetch times), and the start-up (from the process's start to the first page
 stored by the partition that stored its first page last).
 
-    .venv-bench/bin/python benchmarks/crawl_partitions.py [--hosts 8] [--pages 1000] [--runs 3] [--ks 1,2]
+The row "2 x 1 apart" is the ceiling measured on the same cores in the same run: two one-partition
+crawls at once, each of half the hosts into its own output with half the connections; K = 2 with
+nothing shared (no coordinator, no exchange, no common end), so what two crawler processes get out of
+this machine. K = 2 can approach it, not beat it.
+
+    .venv-bench/bin/python benchmarks/crawl_partitions.py [--hosts 8] [--pages 1000] [--runs 3] [--ks 1,2] [--apart 2]
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ if __name__ == "__main__":
     print(json.dumps({"pages": summary.documents, "elapsed": summary.elapsed_s,
                       "largest_share": max(pages.values()) / sum(pages.values()),
                       "alone_s": (max(last.values()) - min(last.values())) / 1000,
-                      "first_page_at": max(first.values()) / 1000}))
+                      "first_page_at": max(first.values()) / 1000, "last_page_at": max(last.values()) / 1000}))
 """
 
 
@@ -92,28 +97,37 @@ def serve(pages: int, hosts: int, ports_out: multiprocessing.connection.Connecti
     asyncio.run(main())
 
 
-def crawl_once(seeds: list[str], partitions: int, extract: bool, concurrency: int) -> dict[str, float]:
-    """One crawl in a fresh interpreter; its pages, elapsed seconds and CPU seconds (all its processes)."""
+def crawl_once(groups: list[list[str]], partitions: int, extract: bool, concurrency: int) -> dict[str, float]:
+    """One crawl per group of seeds, all at once, each in a fresh interpreter with its own output; their
+    pages, elapsed seconds and CPU seconds (all their processes) together."""
+    runs = []
     with tempfile.TemporaryDirectory() as out, tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as code:
         code.write(CRAWL)
         code.close()
         try:
-            process = subprocess.Popen([sys.executable, code.name, json.dumps([seeds, out, partitions, extract,
-                                                                                concurrency])],
-                                       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                       env={**os.environ, "PYTHONPATH": str(ROOT)})
             started, started_at = time.perf_counter(), time.time()
-            tree = TreeMemory(process.pid)
-            stdout, stderr = process.communicate()
+            for number, seeds in enumerate(groups):
+                arguments = json.dumps([seeds, f"{out}/{number}", partitions, extract, concurrency // len(groups)])
+                process = subprocess.Popen([sys.executable, code.name, arguments], cwd=ROOT, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                runs.append((process, TreeMemory(process.pid)))
+            outputs = [process.communicate() for process, _tree in runs]
             wall = time.perf_counter() - started
-            measured = tree.stop()
+            cpu = sum(tree.stop()["cpu"] for _process, tree in runs)
         finally:
             os.unlink(code.name)
-    if process.returncode != 0:
-        raise RuntimeError(f"crawl failed:\n{stderr[-3000:]}")
-    result = json.loads(stdout.strip().splitlines()[-1])
-    # start-up: from the process's start to the first page stored by the last partition to store one
-    return {**result, "wall": wall, "cpu": measured["cpu"], "startup_s": result["first_page_at"] - started_at}
+    results = []
+    for (process, _tree), (stdout, stderr) in zip(runs, outputs):
+        if process.returncode != 0:
+            raise RuntimeError(f"crawl failed:\n{stderr[-3000:]}")
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    pages = sum(r["pages"] for r in results)
+    lasts = [r["last_page_at"] for r in results]
+    return {"pages": pages, "wall": wall, "cpu": cpu,
+            "largest_share": max(r["largest_share"] * r["pages"] for r in results) / pages,
+            "alone_s": max(max(r["alone_s"] for r in results), max(lasts) - min(lasts)),
+            # start-up: from the start to the first page stored by the last partition to store one
+            "startup_s": max(r["first_page_at"] for r in results) - started_at}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -132,12 +146,19 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=64, help="connections in all (default: %(default)s)")
     parser.add_argument("--extraction", choices=("off", "on", "both"), default="off",
                         help="(default: %(default)s)")
+    parser.add_argument("--apart", type=int, default=2,
+                        help="also N one-partition crawls of 1/N of the hosts each, at once (0: not; default: "
+                             "%(default)s)")
     args = parser.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     receive, send = multiprocessing.Pipe(duplex=False)
     server = multiprocessing.Process(target=serve, args=(args.pages, args.hosts, send), daemon=True)
     server.start()
     seeds = [f"http://127.0.0.1:{port}/p0.html" for port in receive.recv()]
+    # (label, seed groups crawled at once, partitions of each)
+    setups = [(str(k), [seeds], k) for k in ks]
+    if args.apart > 1:
+        setups.append((f"{args.apart} x 1 apart", [seeds[i::args.apart] for i in range(args.apart)], 1))
     cores = len(os.sched_getaffinity(0))
     print(f"site: {args.pages} pages x {args.hosts} hosts on 127.0.0.1; total concurrency {args.concurrency}; "
           f"{args.runs} runs each, alternating; {cores} cores; load average before {os.getloadavg()[0]:.1f}\n")
@@ -147,25 +168,26 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for extract in {"off": (False,), "on": (True,), "both": (False, True)}[args.extraction]:
-            runs: dict[int, list[dict[str, float]]] = {k: [] for k in ks}
+            runs: dict[str, list[dict[str, float]]] = {label: [] for label, _groups, _k in setups}
             for _ in range(args.runs):
-                for k in ks:
+                for label, groups, k in setups:
                     server_before = cpu_seconds(server.pid)
-                    result = crawl_once(seeds, k, extract, args.concurrency)
+                    result = crawl_once(groups, k, extract, args.concurrency)
                     result["server_cpu"] = cpu_seconds(server.pid) - server_before
-                    runs[k].append(result)
-            base = statistics.median(r["pages"] / r["wall"] for r in runs[ks[0]])
-            for k in ks:
-                rate = statistics.median(r["pages"] / r["wall"] for r in runs[k])
-                crawl_cpu = statistics.median(r["cpu"] / r["pages"] for r in runs[k])
-                server_cpu = statistics.median(r["server_cpu"] / r["pages"] for r in runs[k])
-                pages = int(statistics.median(r["pages"] for r in runs[k]))
-                used = statistics.median(r["cpu"] / r["wall"] for r in runs[k])
-                share = statistics.median(r["largest_share"] for r in runs[k])
-                alone = statistics.median(r["alone_s"] / r["wall"] for r in runs[k])
-                startup = statistics.median(r["startup_s"] for r in runs[k])
-                print(f"| {'on' if extract else 'off'} | {k} | {rate:.0f} | {rate / base:.2f}x | {used:.2f} | "
-                      f"{crawl_cpu * 1000:.2f} ms | {server_cpu * 1000:.2f} ms | {cores / (crawl_cpu + server_cpu):.0f} | "
+                    runs[label].append(result)
+            base = statistics.median(r["pages"] / r["wall"] for r in runs[setups[0][0]])
+            for label, _groups, _k in setups:
+                rate = statistics.median(r["pages"] / r["wall"] for r in runs[label])
+                crawl_cpu = statistics.median(r["cpu"] / r["pages"] for r in runs[label])
+                server_cpu = statistics.median(r["server_cpu"] / r["pages"] for r in runs[label])
+                pages = int(statistics.median(r["pages"] for r in runs[label]))
+                used = statistics.median(r["cpu"] / r["wall"] for r in runs[label])
+                share = statistics.median(r["largest_share"] for r in runs[label])
+                alone = statistics.median(r["alone_s"] / r["wall"] for r in runs[label])
+                startup = statistics.median(r["startup_s"] for r in runs[label])
+                ceiling = cores / (crawl_cpu + server_cpu)
+                print(f"| {'on' if extract else 'off'} | {label} | {rate:.0f} | {rate / base:.2f}x | {used:.2f} | "
+                      f"{crawl_cpu * 1000:.2f} ms | {server_cpu * 1000:.2f} ms | {ceiling:.0f} ({ceiling / base:.2f}x) | "
                       f"{share:.0%} | {alone:.0%} of the wall time | {startup:.1f} s | "
                       f"{base / share:.0f} ({1 / share:.2f}x) | {pages} |", flush=True)
     finally:

@@ -15,6 +15,7 @@ import math
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -38,7 +39,7 @@ def run_partition(seeds: list[str], output: str, config: Any, partition: Partiti
     """One partition: crawl its hosts (resuming its frontier) until told to stop; its summary."""
     from .crawler import Crawler, run_until_signalled
 
-    logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s p{partition.index} %(message)s")
+    logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s p{partition.index} %(message)s", force=True)
     summary, received = run_until_signalled(Crawler(seeds, output, config, None, oracle, partition))
     if received:
         summary.stopped_by = received[0].name
@@ -65,27 +66,38 @@ class PartitionLauncher(Protocol):
 
 
 def _process_main(run: Callable[[], dict[str, Any]], results: Connection) -> None:
+    # A forked partition inherits the coordinator's handlers; until its event loop installs its own,
+    # a signal acts as in a fresh interpreter.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     results.send(run())
 
 
-class ProcessLauncher:
-    """Partitions as local processes, forked from a fork server that has imported the crawler once.
 
-    Why a fork server: the parent may hold threads that a plain fork would copy, and a spawned
-    partition imported the crawler itself (aiohttp, pyarrow, the public suffix list), start-up every
-    partition paid again. The server is a fresh process with no threads; it imports the crawler
-    once and forks each partition from there. If this process's fork server already runs (it started
-    for extraction workers), partitions fork from it and import what it lacks themselves.
+
+class ProcessLauncher:
+    """Partitions as local processes, forked from this one when it runs no other Python thread, else
+    from a fork server that has imported the crawler once.
+
+    Why: a spawned partition imported the crawler itself (aiohttp, pyarrow, the public suffix list),
+    start-up every partition paid again. This process has imported it already, so a plain fork is
+    free; the fork server costs 0.6 s of imports while the crawl waits. But a fork copies the locks
+    of other threads in whatever state they are, so a process running Python threads (a notebook's,
+    a Ray driver's) forks from the fork server, a fresh process with no threads (the native threads
+    Arrow and jemalloc start on import register their own fork handlers). If this process's fork
+    server already runs (it started for extraction workers), partitions fork from it and import
+    what it lacks themselves.
     """
 
     def __init__(self) -> None:
-        self.context = multiprocessing.get_context("forkserver")
-        self.context.set_forkserver_preload(["crawlers._partition_preload"])
         self.processes: dict[int, tuple[Any, Connection]] = {}
 
     def start(self, index: int, run: Callable[[], dict[str, Any]]) -> None:
-        receive, send = self.context.Pipe(duplex=False)
-        process = self.context.Process(target=_process_main, args=(run, send), name=f"gristmill-crawl-p{index}")
+        context = multiprocessing.get_context("fork" if threading.active_count() == 1 else "forkserver")
+        if context.get_start_method() == "forkserver":
+            context.set_forkserver_preload(["crawlers._partition_preload"])
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(target=_process_main, args=(run, send), name=f"gristmill-crawl-p{index}")
         process.start()
         send.close()
         self.processes[index] = (process, receive)

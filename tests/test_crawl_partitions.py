@@ -129,6 +129,11 @@ def _partition_pid(out: Path, index: int) -> int | None:
     return int(status["epoch"].split(":")[0])
 
 
+def _parent_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+
+
 def test_a_partition_killed_mid_crawl_restarts_and_nothing_is_lost_or_stored_twice(
         site: TimedDemoSite, single: list[str], tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -144,6 +149,8 @@ def test_a_partition_killed_mid_crawl_restarts_and_nothing_is_lost_or_stored_twi
             time.sleep(0.01)
         killed = _partition_pid(out, victim)
         assert killed is not None and process.poll() is None, "the crawl ended before the kill"
+        # the runner has no other thread, so its partitions are its own forks (no fork server between)
+        assert _parent_of(killed) == process.pid
         os.kill(killed, signal.SIGKILL)
         stdout, stderr = process.communicate(timeout=120)
     finally:
