@@ -7,6 +7,7 @@ agrees. Version 1 corpora (row groups inline) still read; a commit never pairs w
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import os
@@ -25,12 +26,19 @@ from hypothesis import strategies as st
 from loaders import StreamingLoader
 from loaders.state import corpus_fingerprint
 from pipeline.format import MANIFEST_NAME, BlockTable, Corpus, CorpusError, ShardWriter, write_manifest
+from pipeline.format import manifest as manifest_module
 from pipeline.format.manifest import checksum_bytes
 from tests.test_loader import make_corpus
 
 
 def _manifest(folder: Path) -> dict:
     return json.loads((folder / MANIFEST_NAME).read_text())
+
+
+@pytest.fixture()
+def sidecar_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commits write no inline copy of the block table, so readers read the file (as for a big corpus)."""
+    monkeypatch.setattr(manifest_module, "INLINE_BLOCKS_BYTES", -1)
 
 
 def test_a_commit_writes_the_row_groups_to_a_named_checksummed_table(tmp_path: Path) -> None:
@@ -72,7 +80,7 @@ def test_version_1_corpora_still_read(tmp_path: Path) -> None:
         Corpus.open(str(tmp_path))
 
 
-def test_a_manifest_never_pairs_with_another_commits_table(tmp_path: Path) -> None:
+def test_a_manifest_never_pairs_with_another_commits_table(tmp_path: Path, sidecar_only: None) -> None:
     make_corpus(str(tmp_path), 300, seed=3)
     first_text = (tmp_path / MANIFEST_NAME).read_text()
     first = json.loads(first_text)["blocks"]["path"]
@@ -89,7 +97,7 @@ def test_a_manifest_never_pairs_with_another_commits_table(tmp_path: Path) -> No
         Corpus.open(str(tmp_path))
 
 
-def test_a_reader_racing_a_commit_reads_the_new_manifest(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reader_racing_a_commit_reads_the_new_manifest(monkeypatch: pytest.MonkeyPatch, sidecar_only: None) -> None:
     url = f"memory://race-{uuid.uuid4().hex[:8]}"
     make_corpus(url, 300, seed=4)
     corpus = Corpus.open(url)
@@ -104,6 +112,21 @@ def test_a_reader_racing_a_commit_reads_the_new_manifest(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(MemoryFileSystem, "cat_file", commit_in_between)
     assert len(Corpus.open(url).shards) == 1 and raced
+
+
+def test_a_small_table_travels_inline_and_needs_no_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below ``INLINE_BLOCKS_BYTES`` the manifest carries the table as base64 beside naming its file (which
+    older format 2 readers read): a reader uses the copy and does not touch the file. Above it, no copy."""
+    texts = make_corpus(str(tmp_path / "small"), 400, seed=8)
+    entry = _manifest(tmp_path / "small")["blocks"]
+    table_file = tmp_path / "small" / entry["path"]
+    assert base64.b64decode(entry["inline"]) == table_file.read_bytes()
+    table_file.unlink()
+    loader = StreamingLoader(str(tmp_path / "small"), world_size=1, rank=0, batch_size=9)
+    assert sorted(t for batch in loader for t in batch["text"]) == sorted(texts)
+    monkeypatch.setattr(manifest_module, "INLINE_BLOCKS_BYTES", entry["bytes"] - 1)
+    make_corpus(str(tmp_path / "big"), 400, seed=8)
+    assert "inline" not in _manifest(tmp_path / "big")["blocks"]
 
 
 # -- hostile block tables --------------------------------------------------------------------------------
@@ -161,24 +184,32 @@ def _empty_manifest() -> str:
         return Path(folder, MANIFEST_NAME).read_text()
 
 
-def _write(folder: str, shards: list[dict], payload: bytes, count: int, checksum: str | None = None) -> None:
-    """A version 2 manifest over ``shards`` naming ``payload`` as its block table (no shard files needed)."""
+def _write(folder: str, shards: list[dict], payload: bytes, count: int, checksum: str | None = None,
+           inline: str | None = None) -> None:
+    """A version 2 manifest over ``shards`` naming ``payload`` as its block table (no shard files needed),
+    with ``inline`` as its inline copy if given (the file is then left unwritten: it must not be read)."""
     manifest = json.loads(_empty_manifest())
     os.makedirs(os.path.join(folder, "_blocks"), exist_ok=True)
-    Path(folder, "_blocks", "blocks-t.parquet").write_bytes(payload)
+    if inline is None:
+        Path(folder, "_blocks", "blocks-t.parquet").write_bytes(payload)
     manifest["shards"] = shards
     manifest["blocks"] = {"path": "_blocks/blocks-t.parquet", "bytes": len(payload),
                           "checksum": checksum or checksum_bytes(payload), "count": count}
+    if inline is not None:
+        manifest["blocks"]["inline"] = inline
     Path(folder, MANIFEST_NAME).write_text(json.dumps(manifest))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=corpora())
-def test_block_tables_are_accepted_exactly_when_they_are_consistent(case: tuple[list[dict], dict]) -> None:
+@given(case=corpora(), inline=st.booleans())
+def test_block_tables_are_accepted_exactly_when_they_are_consistent(case: tuple[list[dict], dict],
+                                                                    inline: bool) -> None:
     shards, table = case
     with tempfile.TemporaryDirectory() as folder:
         arrays = [np.asarray(table[c], dtype=np.int64) for c in ("shard", "group", "rows", "offset", "length")]
-        _write(folder, shards, BlockTable(*arrays).to_parquet(), len(table["shard"]))
+        payload = BlockTable(*arrays).to_parquet()
+        _write(folder, shards, payload, len(table["shard"]),
+               inline=base64.b64encode(payload).decode() if inline else None)
         try:
             corpus = Corpus.open(folder)
         except CorpusError as exc:
@@ -194,15 +225,19 @@ def test_block_tables_are_accepted_exactly_when_they_are_consistent(case: tuple[
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(payload=st.binary(max_size=400), honest=st.booleans(), count=st.integers(-2, 2 ** 64))
-def test_a_garbage_table_is_refused_naming_it(payload: bytes, honest: bool, count: int) -> None:
+@given(payload=st.binary(max_size=400), honest=st.booleans(), count=st.integers(-2, 2 ** 64),
+       inline=st.one_of(st.none(), st.just("honest"), st.text(max_size=600), st.integers()))
+def test_a_garbage_table_is_refused_naming_it(payload: bytes, honest: bool, count: int, inline: object) -> None:
+    """Garbage in the file or in the inline copy (not base64, the wrong length, not a string)."""
+    if inline == "honest":
+        inline = base64.b64encode(payload).decode()
     with tempfile.TemporaryDirectory() as folder:
-        _write(folder, [], payload, count, None if honest else "xxh3_128:" + "0" * 32)
-        with pytest.raises(CorpusError, match="blocks-t.parquet|manifest is malformed"):
+        _write(folder, [], payload, count, None if honest else "xxh3_128:" + "0" * 32, inline)  # type: ignore[arg-type]
+        with pytest.raises(CorpusError, match=r"blocks-t.parquet|manifest is malformed|'blocks.inline'"):
             Corpus.open(folder)
 
 
-def test_the_table_may_not_leave_the_corpus_folder(tmp_path: Path) -> None:
+def test_the_table_may_not_leave_the_corpus_folder(tmp_path: Path, sidecar_only: None) -> None:
     make_corpus(str(tmp_path / "c"), 200, seed=6)
     manifest = _manifest(tmp_path / "c")
     for escape in ("../elsewhere.parquet", "/etc/passwd", "s3://other/blocks.parquet"):
