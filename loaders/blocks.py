@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.asyn import AsyncFileSystem
 
 from loaders.cache import DiskCache
 from loaders.concurrency import ReadGate
@@ -137,6 +138,8 @@ def check_columns(corpus: Corpus, columns: list[str]) -> None:
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, LoaderError)
 _BACKOFF_FIRST, _BACKOFF_CAP = 0.05, 5.0
 FOOTER_CACHE_BYTES = 64 * 1024 * 1024  # footers kept per process, least recently used dropped first
+PART_BYTES = 1024 * 1024  # a read on an idle link is split into parts of at least this many bytes,
+MAX_PARTS = 4  # at most this many: a 4 MiB block at 40 MB/s per connection arrives in 0.03 s, not 0.1 s
 DEFAULT_EXPANSION = 4.0  # decoded bytes per stored byte assumed for a block until its shard's footer is read
 
 
@@ -204,11 +207,15 @@ class BlockSource:
         Throttling (503 SlowDown) also halves the reads in flight. A read of the wrong length is an error
         at once: a store that answers with other bytes than asked for is not trusted on a retry either.
         """
-        info = self.corpus.shards[shard]
+        path = self.corpus.shard_path(self.corpus.shards[shard])
         for attempt in range(self.retries + 1):
             try:
-                with self.gate.slot():
-                    data = self.fs.cat_file(self.corpus.shard_path(info), start=start, end=end)
+                with self.gate.slot(extra=self._parts(end - start) - 1) as parts:
+                    if parts == 1:
+                        data = self.fs.cat_file(path, start=start, end=end)
+                    else:  # parts read at once on an async store; each is an exact range, as one read is
+                        bounds = [start + (end - start) * i // parts for i in range(parts + 1)]
+                        data = b"".join(self.fs.cat_ranges([path] * parts, bounds[:-1], bounds[1:], on_error="raise"))
                 break
             except FileNotFoundError:
                 raise LoaderError(f"{self._where(shard)}: shard listed in the manifest is missing") from None
@@ -232,6 +239,13 @@ class BlockSource:
         self.gate.finished(len(data))
         self.counters.add(bytes_read=len(data), reads=1)
         return data
+
+    def _parts(self, nbytes: int) -> int:
+        """Into how many parts a read of ``nbytes`` may be split when the link is idle (see ``ReadGate.slot``):
+        at least ``PART_BYTES`` each, at most ``MAX_PARTS``, and only on a store that reads them at once."""
+        if not isinstance(self.fs, AsyncFileSystem):
+            return 1
+        return max(1, min(MAX_PARTS, nbytes // PART_BYTES))
 
     def has_footer(self, shard: int) -> bool:
         return shard in self._footers

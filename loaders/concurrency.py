@@ -60,21 +60,27 @@ class ReadGate:
         self._round_began, self._round_bytes, self._round_reads, self._round_waited = now, 0, 0, False
 
     @contextmanager
-    def slot(self) -> Iterator[None]:
-        """Hold one of the ``limit`` read slots for the duration of a read."""
+    def slot(self, extra: int = 0) -> Iterator[int]:
+        """Hold one of the ``limit`` read slots for the duration of a read; yields how many are held.
+
+        ``extra`` more are taken too, as far as free, when the link is idle (at most one other read in
+        flight, as on the way to a first batch): a read split into parts then arrives that many times
+        sooner over a link capped per connection, without adding requests when reads are already many.
+        """
         with self._cv:
             if self._in_flight >= self.limit:
                 self._round_waited = True
                 self._cv.wait_for(lambda: self._in_flight < self.limit)
-            self._in_flight += 1
-            if self._in_flight == 1:
+            held = 1 + (max(0, min(extra, self.limit - self._in_flight - 1)) if self._in_flight <= 1 else 0)
+            self._in_flight += held
+            if self._in_flight == held:
                 self._busy_since = time.perf_counter()
             self.counters.peak(max_in_flight=self._in_flight)
         try:
-            yield
+            yield held
         finally:
             with self._cv:
-                self._in_flight -= 1
+                self._in_flight -= held
                 if self._in_flight == 0:
                     self.counters.add(read_seconds=time.perf_counter() - self._busy_since)
                 self._cv.notify_all()

@@ -8,6 +8,7 @@ nothing here asserts that anything is fast.
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import sys
@@ -23,8 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loaders import LoaderError, StreamingLoader
-from loaders.blocks import is_throttling
-from pipeline.format import Corpus
+from loaders.blocks import PART_BYTES, is_throttling
+from pipeline.format import Corpus, ShardWriter
+from pipeline.format import manifest as manifest_module
 from tests.test_loader import make_corpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -201,6 +203,34 @@ def test_reads_in_flight_grow_past_four_when_latency_is_high(shaped: ShapedStore
     assert capped.counters.max_in_flight <= 4 and shaped.stats()["max_active"] <= 4
 
 
+def test_a_read_on_an_idle_link_is_split_into_parts_read_at_once(shaped: ShapedStore, tmp_path: Path) -> None:
+    """A block read while nothing else is in flight (the first batch's) arrives as several ranged GETs in
+    flight together, joined into exactly the block's bytes; with one read allowed it stays one GET."""
+    rng = random.Random(3)
+    texts = [base64.b64encode(rng.randbytes(768)).decode() for _ in range(3000)]  # 3 MB, incompressible
+    writer = ShardWriter(str(tmp_path / "wide"), shard_bytes=64 << 20, row_group_bytes=8 << 20)
+    writer.write([{"id": str(i), "text": text} for i, text in enumerate(texts)])
+    writer.commit()
+    url = upload(shaped, str(tmp_path / "wide"))
+    shaped.shape(latency=0.05)
+    for max_reads, requests in ((64, 3), (1, 1)):
+        loader = StreamingLoader(url, batch_size=64, columns=["text"], world_size=1, rank=0,
+                                 storage_options=options(shaped), max_reads=max_reads)
+        source, block = loader.source, 0
+        start, end = source.layout.byte_range(block)
+        assert end - start >= 2 * PART_BYTES
+        shaped.reset_stats()
+        data = source.fetch(block)
+        stats = shaped.stats()
+        assert stats["gets"] == min(requests, (end - start) // PART_BYTES)
+        assert stats["max_active"] == stats["gets"]  # in flight together
+        shard = Corpus.open(str(tmp_path / "wide")).shards[0]
+        with open(tmp_path / "wide" / shard.path, "rb") as handle:
+            handle.seek(start)
+            assert data == handle.read(end - start)
+        assert sorted(t for batch in loader for t in batch["text"]) == sorted(texts)
+
+
 def test_a_slowdown_storm_is_retried_with_backoff_and_counted(shaped: ShapedStore, few_blocks: str) -> None:
     url = upload(shaped, few_blocks)
     args = {"batch_size": 16, "columns": ["id"], "seed": 2, "world_size": 1, "rank": 0}
@@ -369,10 +399,18 @@ def test_the_read_gate_doubles_while_it_pays_then_grows_by_half(
     assert gate.limit == 32  # halved at once
 
 
-def test_opening_a_corpus_costs_two_requests(shaped: ShapedStore, few_blocks: str) -> None:
-    """The manifest and the block table, one GET each: no size-asking HEAD before them (0.1 s each at
-    100 ms to first byte, on the way to the first batch)."""
+def test_opening_a_corpus_costs_one_request_or_two(shaped: ShapedStore, few_blocks: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manifest, with a small block table inside it: one GET. A table too big to carry inline is a
+    second GET. No size-asking HEAD before either (0.1 s each at 100 ms, on the way to the first batch)."""
     url = upload(shaped, few_blocks)
+    shaped.reset_stats()
+    StreamingLoader(url, batch_size=16, columns=["id"], world_size=1, rank=0, storage_options=options(shaped))
+    stats = shaped.stats()
+    assert (stats["requests"], stats["gets"]) == (1, 1)
+    monkeypatch.setattr(manifest_module, "INLINE_BLOCKS_BYTES", -1)
+    make_corpus(str(tmp_path / "big-table"), 300, seed=5)
+    url = upload(shaped, str(tmp_path / "big-table"))
     shaped.reset_stats()
     StreamingLoader(url, batch_size=16, columns=["id"], world_size=1, rank=0, storage_options=options(shaped))
     stats = shaped.stats()
