@@ -24,7 +24,7 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from .commits import publish_segments
+from .commits import publish_due, publish_segments
 from .oracle import DuplicateOracle
 from .partitions import LAYOUT_FILE, Partition, deal, read_json, read_layout, waiting_files, write_json
 
@@ -71,8 +71,6 @@ def _process_main(run: Callable[[], dict[str, Any]], results: Connection) -> Non
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     results.send(run())
-
-
 
 
 class ProcessLauncher:
@@ -183,7 +181,8 @@ class Coordinator:
         self.errors: list[str] = []
         self.received: list[signal.Signals] = []
         self._segments_seen: dict[int, float] = {}
-        self._published_at = 0.0
+        self._published_at = -math.inf
+        self._publish_seconds = 0.0
 
     def _start(self, part: Partition) -> None:
         os.makedirs(part.folder, exist_ok=True)
@@ -262,15 +261,16 @@ class Coordinator:
         return segments
 
     def _publish(self, force: bool = False) -> None:
-        """Publish the manifest when a partition committed since the last time, at most once per
-        ``commit_interval`` (the manifest lists every shard, so publishing costs O(shards))."""
-        if not force and time.monotonic() - self._published_at < self.config.commit_interval:
+        """Publish the manifest when a partition committed since the last time and :func:`publish_due`
+        (the manifest lists every shard, so publishing costs O(shards)), and at the end (``force``)."""
+        if not force and not publish_due(self._published_at, self._publish_seconds, self.config.commit_interval):
             return
         stamps = {p.index: os.path.getmtime(p.segment) for p in self.parts if os.path.exists(p.segment)}
         if stamps != self._segments_seen or force:
+            started = time.monotonic()
             publish_segments(self.output, self._segments(), self.config.storage_options)
             self._segments_seen = stamps
-            self._published_at = time.monotonic()
+            self._published_at, self._publish_seconds = started, time.monotonic() - started
 
     def _summary(self, elapsed: float) -> dict[str, Any]:
         """The partitions' summaries added up (a partition that never reported counts as empty)."""

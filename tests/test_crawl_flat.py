@@ -4,7 +4,8 @@ The outcome counters kept in the frontier's own table must always equal a GROUP 
 exchange files between partitions are hostile input (a bad line is named, the rest is admitted);
 the partition of a host comes from the bundled public suffix list without touching the network, and
 the seeds' sites are dealt evenly over the partitions, the same in every process and on every re-run;
-the HTML waiting for extraction never exceeds its byte cap.
+the HTML waiting for extraction never exceeds its byte cap; publishing the listing of every shard
+stays within its share of the crawl's time.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -19,8 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from crawlers.commits import PUBLISH_SHARE, CommitLoop, Committer, publish_due
+from crawlers.config import CrawlConfig
 from crawlers.extract import ByteBudget
-from crawlers.frontier import Frontier, outcome_kind
+from crawlers.frontier import Frontier, ResultLog, outcome_kind
 from crawlers.partitions import (
     LAYOUT_FILE,
     Exchange,
@@ -32,6 +36,7 @@ from crawlers.partitions import (
     partition_of,
     read_layout,
 )
+from pipeline.format import Corpus
 
 OUTCOMES = ["ok", "http 404", "robots: disallowed by robots.txt", "failed: http 503 (after 4 attempts)",
             "duplicate: of abc (dedup service)", "redirect", "empty: no main text"]
@@ -208,3 +213,58 @@ def test_a_hostile_partition_layout_is_refused_naming_the_file(tmp_path: Path, l
     else:
         with pytest.raises(ValueError, match=str(tmp_path / LAYOUT_FILE)):
             read_layout(str(tmp_path))
+
+
+def _store_pages(frontier: Frontier, first: int, count: int) -> None:
+    """``count`` fetched pages waiting in the frontier for a commit, as the crawler stores them."""
+    with frontier.transaction():
+        for number in range(first, first + count):
+            url = f"http://a.test/{number}"
+            request = frontier.add(url, "http://a.test", 0)
+            assert request is not None
+            frontier.store_result(request, {
+                "id": f"{number:032x}", "text": f"page {number}", "url": url, "final_url": url, "status": 200,
+                "fetch_time": 1_700_000_000_000, "domain": "a.test", "language": "en",
+                "content_hash": f"{number:032x}", "depth": 0, "encoding": "utf-8"})
+            frontier.finish(request, "ok")
+
+
+def test_a_slow_listing_is_published_within_its_share_and_always_at_the_end(tmp_path: Path) -> None:
+    """Publishing lists every shard (O(shards)): a publication that took T seconds is not repeated
+    before T / PUBLISH_SHARE, whatever ``commit_interval`` says, though every commit still writes its
+    shard; the end of the crawl publishes whatever the last one skipped."""
+    out = tmp_path / "out"
+    state = out / ".crawl" / "frontier.sqlite"
+    state.parent.mkdir(parents=True)
+    frontier, results = Frontier(str(state)), ResultLog(str(state))
+    committer = Committer(str(out), results, shard_bytes=1 << 20, row_group_bytes=1 << 16, warc=False)
+    loop = CommitLoop(committer, frontier, CrawlConfig(commit_interval=0.0), on_error=pytest.fail)
+
+    def listed() -> int:
+        return len(Corpus.open(str(out)).manifest.shards)
+
+    async def commit(first: int) -> None:
+        _store_pages(frontier, first, 3)
+        loop.commit()
+        assert loop._running is not None
+        await loop._running
+
+    async def crawl() -> None:
+        loop.publish()  # at start-up
+        await asyncio.sleep(committer.publish_seconds / PUBLISH_SHARE)  # a few ms: due again
+        await commit(0)
+        assert listed() == len(results.shards()) == 1  # a fast listing: published at every commit
+        committer.publish_seconds = 60.0  # as if listing every shard had taken a minute
+        assert not publish_due(time.monotonic() - 60 / PUBLISH_SHARE + 5, 60.0, 0.0)
+        assert publish_due(time.monotonic() - 60 / PUBLISH_SHARE, 60.0, 0.0)
+        await commit(3)
+        await commit(6)
+        assert len(results.shards()) == 3 and listed() == 1  # shards written and recorded, listing not redone
+        await loop.finish()
+
+    asyncio.run(crawl())
+    assert listed() == 3
+    assert sorted(Corpus.open(str(out)).to_table(columns=["text"]).column("text").to_pylist()) == \
+        sorted(f"page {n}" for n in range(9))
+    frontier.close()
+    results.close()
