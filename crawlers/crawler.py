@@ -601,13 +601,13 @@ def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
     expects of Ctrl-C, and the crawl resumes when run again.
     With ``partitions=K`` (K > 1) the crawl runs as K partitions (:mod:`crawlers.partitioned`), local
     processes unless a ``launcher`` runs them elsewhere (``gristmill crawl --ray-address``: Ray
-    actors); ``on_progress`` is then not called (each partition logs its own progress).
+    actors); ``on_progress`` then gets the partitions' reports added up.
     """
     cfg = config or CrawlConfig(**options)
     check_output_folder(output, cfg.storage_options)  # before any state is made
     check_partitions(state_root(output, cfg.state_dir), cfg.partitions)
     if cfg.partitions > 1:
-        merged, received = Coordinator(seeds, output, cfg, oracle, launcher).run()
+        merged, received = Coordinator(seeds, output, cfg, oracle, launcher, on_progress).run()
         summary = CrawlSummary(**merged)
     else:
         summary, received = run_until_signalled(Crawler(seeds, output, cfg, on_progress, oracle))

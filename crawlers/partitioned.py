@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from .commits import publish_due, publish_segments
 from .oracle import DuplicateOracle
 from .partitions import LAYOUT_FILE, Partition, deal, read_json, read_layout, waiting_files, write_json
+from .progress import is_report, merged_report
 
 log = logging.getLogger("gristmill.crawl")
 POLL_S = 0.1
@@ -40,7 +41,8 @@ def run_partition(seeds: list[str], output: str, config: Any, partition: Partiti
     from .crawler import Crawler, run_until_signalled
 
     logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s p{partition.index} %(message)s", force=True)
-    summary, received = run_until_signalled(Crawler(seeds, output, config, None, oracle, partition))
+    summary, received = run_until_signalled(Crawler(seeds, output, config, partial(write_json, partition.progress),
+                                                    oracle, partition))
     if received:
         summary.stopped_by = received[0].name
     return summary.to_dict()
@@ -166,8 +168,10 @@ class Coordinator:
     """Runs the partition processes of one crawl and publishes its manifest."""
 
     def __init__(self, seeds: list[str], output: str, config: Any, oracle: DuplicateOracle | None,
-                 launcher: PartitionLauncher | None = None) -> None:
+                 launcher: PartitionLauncher | None = None,
+                 on_progress: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.seeds, self.output, self.config, self.oracle = seeds, output, config, oracle
+        self.on_progress = on_progress
         self.launcher = launcher or ProcessLauncher()
         self.root = state_root(output, config.state_dir)
         check_partitions(self.root, config.partitions)
@@ -200,17 +204,22 @@ class Coordinator:
     def run(self) -> tuple[dict[str, Any], list[signal.Signals]]:
         """Crawl until every partition is done (or a signal stops them); returns the merged summary."""
         started = time.monotonic()
-        if os.path.exists(self.parts[0].done):
-            os.remove(self.parts[0].done)
+        for stale in [self.parts[0].done] + [part.progress for part in self.parts]:  # a previous run's
+            if os.path.exists(stale):
+                os.remove(stale)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             for part in self.parts:
                 self._start(part)
             quiet_before = None
+            next_progress = started + self.config.progress_interval
             while self.launcher.running():
                 time.sleep(POLL_S)
                 self._collect()
                 self._publish()
+                if time.monotonic() >= next_progress:
+                    next_progress = time.monotonic() + self.config.progress_interval
+                    self._progress(time.monotonic() - started)
                 quiet = self._quiet()
                 if quiet is not None and quiet == quiet_before:
                     write_json(self.parts[0].done, {"epochs": quiet})
@@ -235,6 +244,17 @@ class Coordinator:
             self.restarts[index] += 1
             log.warning("%s; restarting it from its frontier (restart %d)", why, self.restarts[index])
             self._start(self.parts[index])
+
+    def _progress(self, elapsed: float) -> None:
+        """The partitions' latest progress reports as one, to ``on_progress`` or else logged as a line."""
+        reports = [report for part in self.parts if is_report(report := read_json(part.progress))]
+        if not reports:
+            return
+        report = merged_report(reports, self.config.max_pages, elapsed)
+        if self.on_progress is not None:
+            self.on_progress(report)
+        else:
+            log.info("%s", report["line"])
 
     def _quiet(self) -> tuple[str, ...] | None:
         """The live partitions' epochs when all are idle and no links wait for them, else None."""

@@ -238,5 +238,10 @@ class Partition:
         return os.path.join(self.folder, STATUS_FILE)
 
     @property
+    def progress(self) -> str:
+        """This partition's latest progress report (the coordinator adds them up into one)."""
+        return os.path.join(self.folder, "progress.json")
+
+    @property
     def done(self) -> str:
         return os.path.join(self.root, DONE_FILE)

@@ -26,8 +26,8 @@ def servers() -> Iterator[ServerThread]:
     yield from serve()
 
 
-def _site(servers: ServerThread, pages: int = 4) -> Site:
-    site = servers.start(Site("127.0.0.1", "cli.test"))
+def _site(servers: ServerThread, pages: int = 4, name: str = "cli.test") -> Site:
+    site = servers.start(Site("127.0.0.1", name))
     site.article("/", "Home", [f"/p{i}" for i in range(pages)])
     for i in range(pages):
         site.article(f"/p{i}", f"Page number {i} of the site", words=150)
@@ -166,8 +166,11 @@ def test_an_extraction_worker_whose_crawl_has_gone_exits_without_a_traceback() -
     theirs.close()
 
 
-def test_on_a_terminal_progress_is_a_bar_of_documents_out_of_max_pages(servers: ServerThread, tmp_path: Path) -> None:
-    """stderr a pseudo-terminal (160 columns): a bar that moves, and ends at the crawl's final count."""
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_on_a_terminal_progress_is_a_bar_of_documents_out_of_max_pages(servers: ServerThread, tmp_path: Path,
+                                                                       partitions: int) -> None:
+    """stderr a pseudo-terminal (160 columns): a bar that moves, and ends at the crawl's final count;
+    with partitions, one bar of the whole crawl (their reports added up), one host in each."""
     import fcntl
     import os
     import pty
@@ -175,7 +178,11 @@ def test_on_a_terminal_progress_is_a_bar_of_documents_out_of_max_pages(servers: 
     import termios
     import threading
 
-    site = _site(servers, pages=6)
+    sites = [_site(servers, pages=6, name=name) for name in ("cli.test", "two.test")[:partitions]]
+    total = 7 * partitions
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("".join(site.url("/") + "\n" for site in sites), encoding="utf-8")
+    resolve = [option for site in sites for option in ("--resolve", f"{site.name}={site.ip}")]
     master, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
     chunks: list[bytes] = []
@@ -194,9 +201,9 @@ def test_on_a_terminal_progress_is_a_bar_of_documents_out_of_max_pages(servers: 
     reader.start()
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", "crawl", str(_seeds(tmp_path, site)), "-o", str(tmp_path / "out"),
-             "--allow-network", "127.0.0.0/8", "--resolve", f"{site.name}={site.ip}", "--delay", "0.4", "--per-host",
-             "1", "--no-extract", "--max-pages", "7"],
+            [sys.executable, "-m", "pipeline.cli", "crawl", str(seeds), "-o", str(tmp_path / "out"),
+             "--allow-network", "127.0.0.0/8", *resolve, "--delay", "0.4", "--per-host", "1", "--no-extract",
+             "--max-pages", str(total), "--partitions", str(partitions)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=terminal, text=True, timeout=90, check=False)
     finally:
         os.close(terminal)
@@ -205,6 +212,8 @@ def test_on_a_terminal_progress_is_a_bar_of_documents_out_of_max_pages(servers: 
     shown = b"".join(chunks).decode("utf-8", "replace")
     assert result.returncode == 0, shown
     frames = [frame for frame in shown.split("\r") if frame.startswith("crawl: stored:")]
-    assert len(frames) >= 3 and "0/7" in frames[0], shown  # it moved, out of --max-pages
-    assert "7/7" in frames[-1] and "7 pages processed, 0 queued" in frames[-1], frames[-1]
+    assert len(frames) >= 3 and f"0/{total}" in frames[0], shown  # it moved, out of --max-pages
+    counts = [int(frame.split("/")[0].split()[-1]) for frame in frames]
+    assert counts == sorted(counts) and any(0 < count < total for count in counts), frames  # one bar, moving
+    assert f"{total}/{total}" in frames[-1] and f"{total} pages processed, 0 queued" in frames[-1], frames[-1]
     assert "{" not in shown

@@ -36,6 +36,7 @@ from crawlers.partitions import (
     partition_of,
     read_layout,
 )
+from crawlers.progress import is_report, merged_report
 from pipeline.format import Corpus
 
 OUTCOMES = ["ok", "http 404", "robots: disallowed by robots.txt", "failed: http 503 (after 4 attempts)",
@@ -268,3 +269,31 @@ def test_a_slow_listing_is_published_within_its_share_and_always_at_the_end(tmp_
         sorted(f"page {n}" for n in range(9))
     frontier.close()
     results.close()
+
+
+GOOD_REPORT = {"elapsed_s": 3.0, "documents": 5, "max_pages": 9, "documents_per_s": 1.5, "pages_per_s": 2.0,
+               "fetched": 6, "waiting": 1, "bytes": 9000, "requests": 8, "queued": 4,
+               "status_counts": {"200": 6, "404": 1}, "in_flight": 2,
+               "slowest_hosts": {"http://a.test": {"delay_s": 1.0, "failures": 0}}, "line": "crawl: ..."}
+json_value = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
+                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                      max_size=3), max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(GOOD_REPORT)), json_value, st.booleans())
+def test_a_partitions_progress_file_is_added_up_or_skipped_never_a_crash(key: str, value: object,
+                                                                        nested: bool) -> None:
+    """The coordinator adds up the progress files its partitions write; one that is not a report
+    (damaged, hand-edited) is skipped, and whatever passes can be added up and printed."""
+    assert is_report(GOOD_REPORT)
+    report = json.loads(json.dumps(GOOD_REPORT))
+    if nested and key in ("status_counts", "slowest_hosts"):
+        report[key][next(iter(report[key]))] = value
+    else:
+        report[key] = value
+    if not is_report(report):
+        return
+    merged = merged_report([report, GOOD_REPORT], 18, 3.0)
+    assert merged["documents"] == report["documents"] + 5 and merged["queued"] == report["queued"] + 4
+    assert merged["line"].startswith("crawl: ") and "of 18" in merged["line"]

@@ -318,7 +318,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "host_map": _pairs(args.resolve, "--resolve"), "proxies": tuple(args.proxy),
         "proxy_routes": _pairs(args.route, "--route"), "retry_parked": args.retry_parked,
         # On a terminal the bar moves every second; elsewhere a line every --progress seconds.
-        "progress_interval": 1.0 if sys.stderr.isatty() and args.partitions == 1 else args.progress,
+        "progress_interval": 1.0 if sys.stderr.isatty() else args.progress,
         "partitions": args.partitions,
     }
     if args.extract_workers:
