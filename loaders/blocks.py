@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from fsspec.asyn import AsyncFileSystem
 
 from loaders.cache import DiskCache
-from loaders.concurrency import ReadGate
+from loaders.concurrency import REMOTE_START_READS, START_READS, ReadGate
 from loaders.layout import Layout
 from pipeline.format import Corpus, CorpusError, ShardInfo
 
@@ -175,7 +175,8 @@ class BlockSource:
         if getattr(fs, "_pid", os.getpid()) != os.getpid():
             fs = type(fs)(*fs.storage_args, **fs.storage_options)
         self.fs = fs
-        self.gate = ReadGate(self.counters, maximum=max_reads)
+        remote = isinstance(fs, AsyncFileSystem)
+        self.gate = ReadGate(self.counters, start=REMOTE_START_READS if remote else START_READS, maximum=max_reads)
         self.coalesce_bytes = coalesce_bytes
         self._expansion = DEFAULT_EXPANSION
         self._footers: OrderedDict[int, tuple[pq.FileMetaData, bytes]] = OrderedDict()

@@ -185,15 +185,16 @@ def test_dataloader_workers_read_the_store_with_their_own_connections(shaped: Sh
     assert remote == local and sum(map(len, remote)) == 700
 
 
-def test_reads_in_flight_grow_past_four_when_latency_is_high(shaped: ShapedStore, many_blocks: str) -> None:
+def test_many_reads_are_in_flight_at_once_against_a_far_store(shaped: ShapedStore, many_blocks: str) -> None:
+    """At 100 ms the loader keeps more than 4 reads in flight (an object store's gate starts at 16, and
+    the fake-clock test below checks how it grows), and ``max_reads`` caps them."""
     url = upload(shaped, many_blocks)
     shaped.shape(latency=0.1)
     loader = StreamingLoader(url, batch_size=16, columns=["id"], world_size=1, rank=0, coalesce_bytes=0,
                              storage_options=options(shaped))
     shaped.reset_stats()
     assert sum(len(b) for b in batches(loader)) == 1500
-    counters = loader.counters.as_dict()
-    assert counters["in_flight_limit"] > 4 and counters["max_in_flight"] > 4
+    assert loader.counters.as_dict()["max_in_flight"] > 4
     assert shaped.stats()["max_active"] > 4  # the store saw them at once, too
 
     capped = StreamingLoader(url, batch_size=16, columns=["id"], world_size=1, rank=0, coalesce_bytes=0,
