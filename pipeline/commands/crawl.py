@@ -187,6 +187,8 @@ class ProgressDisplay:
         if sys.stderr.isatty():
             from tqdm import tqdm
 
+            tqdm.monitor_interval = 0  # no monitor thread: this bar is refreshed by hand, and a process
+            # without threads forks its crawl partitions directly (crawlers.partitioned.ProcessLauncher)
             self.bar = tqdm(total=max_pages, unit="doc", desc="crawl: stored", file=sys.stderr, dynamic_ncols=True)
 
     def show(self, report: dict[str, Any]) -> None:
