@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -96,6 +96,7 @@ class Prefetcher:
         self._scheduled = -1  # the window (counted from the first) the scheduler has reached
         self._ahead: dict[int, Future[bytes]] = {}  # block -> its stored bytes, read ahead of its task
         self._ahead_bytes = 0
+        self._pins: Counter[int] = Counter()  # disk-cache pins this prefetcher holds, by block
         # one thread per read the gate may allow, plus the decoders; the pool starts them only as needed
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads) + source.gate.maximum,
                                         thread_name_prefix="gristmill-fetch")
@@ -128,9 +129,7 @@ class Prefetcher:
                     self._drop_ahead(block)
             missing = [block for _, block, _, _ in items if block not in raw]
             if missing:
-                if self.source.cache is not None:
-                    for block in missing:
-                        self.source.cache.pin(self.source.cache_key(block))
+                self._pin(missing)
                 raw.update(self.source.fetch_run(missing))
             for key, block, estimate, future in items:
                 data = raw.pop(block)
@@ -257,9 +256,7 @@ class Prefetcher:
 
     def _fetch_ahead(self, run: list[int], reads: dict[int, Future[bytes]]) -> None:
         try:
-            if self.source.cache is not None:
-                for block in run:
-                    self.source.cache.pin(self.source.cache_key(block))
+            self._pin(run)
             data = self.source.fetch_run(run)
             self.counters.add(reads_ahead=1)
             for block in run:
@@ -317,16 +314,37 @@ class Prefetcher:
                     self._used -= entry.nbytes
                     if self._live.get(key) is entry:
                         del self._live[key]
-                    if self.source.cache is not None and key >= 0:
-                        self.source.cache.unpin(self.source.cache_key(block))
+                    if key >= 0:
+                        self._unpin(block)
             self._released += 1
             self._cv.notify_all()
 
+    def _pin(self, blocks: list[int]) -> None:
+        """Keep blocks about to be read from eviction from the node's disk cache until released; what is
+        pinned is counted here, so that :meth:`close` lets go of what no window released."""
+        if self.source.cache is None:
+            return
+        with self._cv:  # (not after close: a pin taken then would never be let go)
+            for block in [] if self._stop else blocks:
+                self.source.cache.pin(self.source.cache_key(block))
+                self._pins[block] += 1
+
+    def _unpin(self, block: int) -> None:
+        with self._cv:
+            if self._pins[block] > 0:
+                self._pins[block] -= 1
+                self.source.cache.unpin(self.source.cache_key(block))  # type: ignore[union-attr]
+
     def close(self) -> None:
-        """Stop the scheduler and the fetch threads (also when the consumer stops early)."""
+        """Stop the scheduler and the fetch threads (also when the consumer stops early), and let go of
+        the disk-cache pins of blocks no window released (read ahead, or held when the consumer stopped)."""
         with self._cv:
             self._stop = True
             self._cv.notify_all()
+            for block, count in self._pins.items():
+                for _ in range(count):
+                    self.source.cache.unpin(self.source.cache_key(block))  # type: ignore[union-attr]
+            self._pins.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._ahead_pool.shutdown(wait=False, cancel_futures=True)
 

@@ -436,6 +436,24 @@ def test_disk_cache_respects_its_limit_and_serves_later_epochs(corpus: tuple[str
     assert on_disk <= limit and loader.counters.cache_hits > 0
 
 
+def test_a_consumer_that_stops_early_leaves_no_disk_cache_pin(corpus: tuple[str, list[str]], tmp_path: str) -> None:
+    """Blocks being read or held are pinned in the node's cache; a consumer that stops mid-epoch (and a
+    block read ahead that no window took) must not leave them pinned, or no process could evict them."""
+    path, _ = corpus
+    loader = StreamingLoader(path, batch_size=16, columns=["text"], world_size=1, rank=0, shuffle_window=64,
+                             cache_dir=os.path.join(str(tmp_path), "cache"))
+    batches = iter(loader)
+    for _ in range(6):
+        next(batches)
+    cache = loader.source.cache
+    assert cache is not None and cache._pins  # the windows in hand, and reads ahead
+    batches.close()
+    assert not cache._pins and not cache._held
+    for _ in loader:
+        pass
+    assert not cache._pins and not cache._held
+
+
 def test_disk_cache_never_evicts_a_pinned_block(tmp_path: str) -> None:
     cache = DiskCache(str(tmp_path), max_bytes=164)  # one 60-byte block fits (+16 digest, +64 bookkeeping), two do not
     assert cache.put("a", b"x" * 60)
