@@ -160,14 +160,14 @@ def _serve(conn: Connection) -> None:
         while True:
             try:
                 html, url = conn.recv()
-            except EOFError:
+            except (EOFError, ConnectionError):  # closed, or reset by a crawl that ended mid-read
                 return
             try:
                 answer: tuple[bool, Any] = (True, process_document(html, url))
             except Exception as exc:  # the crawl records it; the worker lives on
                 answer = (False, ExtractionError(f"{url}: {type(exc).__name__}: {exc}"))
             conn.send(answer)
-    except BrokenPipeError:  # the crawl closed the pool before this worker was done: nothing to say
+    except ConnectionError:  # the crawl closed the pool before this worker was done: nothing to say
         return
 
 

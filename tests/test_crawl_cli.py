@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+import tomllib
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_crawl_support import ServerThread, Site, documents, outcomes, serve
 
@@ -113,6 +114,7 @@ SAFE_KEYS = ("delay", "max-pages", "max-depth", "concurrency", "per-host", "foll
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(key="a", value="\x7f")  # JSON that is not TOML: found by this test in CI
 @given(key=st.one_of(st.sampled_from(SAFE_KEYS), st.from_regex(r"[a-z][a-z0-9-]{0,15}", fullmatch=True)),
        value=st.one_of(st.integers(-2**63, 2**63 - 1), st.text(max_size=10), st.booleans(),
                        st.sampled_from(["127.0.0.0/8", "64KiB", "any", "x.test=127.0.0.1"]),
@@ -123,14 +125,23 @@ def test_a_bad_job_file_exits_2_naming_the_file_and_key(tmp_path: Path, capsys: 
     value the flag refuses is a usage error too; a good one goes through to a crawl of a seed nobody
     answers, which stores nothing (exit 1). Never a traceback."""
     job = tmp_path / "job.toml"
-    job.write_text(f"[crawl]\n{key} = {json.dumps(value, ensure_ascii=False)}\n", encoding="utf-8")
+    text = f"[crawl]\n{key} = {json.dumps(value, ensure_ascii=False)}\n"  # JSON is TOML, but for DEL (0x7f)
+    job.write_text(text, encoding="utf-8")
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        valid = False
+    else:
+        valid = True
     seeds = tmp_path / "seeds.txt"
     seeds.write_text("http://127.0.0.1:9/\n", encoding="utf-8")
     status = main(["crawl", str(seeds), "-o", str(tmp_path / "out"), "--job", str(job), "--quiet", "--retries", "0",
                    "--delay", "0", "--timeout", "2"])
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    if key not in SAFE_KEYS:
+    if not valid:
+        assert status == 2 and f"{job}: not a valid TOML file" in err, err
+    elif key not in SAFE_KEYS:
         assert status == 2 and f"{job}: unknown option '{key}'" in err, err
     else:
         assert status in (1, 2) and err.startswith("gristmill crawl: "), err
