@@ -175,8 +175,9 @@ class BlockSource:
         if getattr(fs, "_pid", os.getpid()) != os.getpid():
             fs = type(fs)(*fs.storage_args, **fs.storage_options)
         self.fs = fs
-        remote = isinstance(fs, AsyncFileSystem)
-        self.gate = ReadGate(self.counters, start=REMOTE_START_READS if remote else START_READS, maximum=max_reads)
+        self._async = isinstance(fs, AsyncFileSystem)  # an object store: reads at once on one event loop
+        self.gate = ReadGate(self.counters, start=REMOTE_START_READS if self._async else START_READS,
+                             maximum=max_reads)
         self.coalesce_bytes = coalesce_bytes
         self._expansion = DEFAULT_EXPANSION
         self._footers: OrderedDict[int, tuple[pq.FileMetaData, bytes]] = OrderedDict()
@@ -244,7 +245,7 @@ class BlockSource:
     def _parts(self, nbytes: int) -> int:
         """Into how many parts a read of ``nbytes`` may be split when the link is idle (see ``ReadGate.slot``):
         at least ``PART_BYTES`` each, at most ``MAX_PARTS``, and only on a store that reads them at once."""
-        if not isinstance(self.fs, AsyncFileSystem):
+        if not self._async:
             return 1
         return max(1, min(MAX_PARTS, nbytes // PART_BYTES))
 

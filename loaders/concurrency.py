@@ -75,7 +75,7 @@ class ReadGate:
             if self._in_flight >= self.limit:
                 self._round_waited = True
                 self._cv.wait_for(lambda: self._in_flight < self.limit)
-            held = 1 + (max(0, min(extra, self.limit - self._in_flight - 1)) if self._in_flight <= 1 else 0)
+            held = 1 + (min(extra, self.limit - self._in_flight - 1) if self._in_flight <= 1 else 0)
             self._in_flight += held
             if self._in_flight == held:
                 self._busy_since = time.perf_counter()

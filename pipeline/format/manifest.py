@@ -257,11 +257,11 @@ def _read_blocks(entry: Mapping[str, Any], shards: int, read_member: Callable[[s
     A table carried inline is used as it is (no read: one round trip less before a first batch); the
     file it copies stays for readers of format 2 from before inline tables, which ignore the key.
     """
-    location = posixpath.join(posixpath.dirname(where), entry["path"])
     if "inline" in entry:
         location = f"{where} ('blocks.inline')"
         data = base64.b64decode(entry["inline"], validate=True)
     else:
+        location = posixpath.join(posixpath.dirname(where), entry["path"])
         try:
             data = read_member(entry["path"])
         except FileNotFoundError:
