@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import socket
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from crawlers.commits import PUBLISH_SHARE, CommitLoop, Committer, publish_due
@@ -183,6 +184,7 @@ def test_html_waiting_for_extraction_stays_under_its_byte_cap() -> None:
 @given(sites=st.lists(st.from_regex(r"[a-z]{1,8}\.(com|co\.uk|github\.io|org)", fullmatch=True), min_size=1,
                       max_size=40, unique=True),
        count=st.integers(2, 7), order=st.randoms(use_true_random=False))
+@example(sites=["cn.com", "abc.com"], count=2, order=random.Random(0))  # found by this test in CI
 def test_the_seeds_sites_are_dealt_evenly_and_alike_in_every_process(sites: list[str], count: int,
                                                                     order) -> None:  # type: ignore[no-untyped-def]
     seeds = [f"http://www.{site}/" for site in sites] + [f"https://blog.{site}/a" for site in sites]
@@ -192,8 +194,11 @@ def test_the_seeds_sites_are_dealt_evenly_and_alike_in_every_process(sites: list
     assert deal(shuffled, count) == dealt  # every partition computes the same owners from the same seeds
     per_partition = Counter(dealt.values())
     assert max(per_partition.values()) - min(per_partition.get(i, 0) for i in range(count)) <= 1
-    for site in sites:  # a site's hosts stay together
-        assert partition_of(f"http://www.{site}/", count, dealt) == partition_of(f"https://blog.{site}/a", count, dealt)
+    for site in sites:  # a site's hosts stay together; a public suffix (cn.com, github.io) is no one site
+        www, blog = f"http://www.{site}/", f"https://blog.{site}/a"
+        assert (partition_key(www) == partition_key(blog)) == (partition_key(www) == site)
+        if partition_key(www) == site:
+            assert partition_of(www, count, dealt) == partition_of(blog, count, dealt)
     assert deal(["http://new.example/"], count, earlier=dealt) == dealt  # a re-run keeps the first deal
     assert deal(["mailto:x@y", "not a url"], count) == {}
 
