@@ -531,6 +531,24 @@ class Unit:
 _PYLIST_ROWS = 64
 
 
+class _Utf8:
+    """A plain string column of a block (no nulls), in as many chunks as it was decoded in: for each
+    row, the chunk's bytes (a view of Arrow's buffer) and the row's byte range in them."""
+
+    __slots__ = ("data", "begin", "end")
+
+    def __init__(self, chunks: list[pa.Array]) -> None:
+        offsets, self.data = [], []
+        for chunk in chunks:
+            _, raw_offsets, raw_data = chunk.buffers()
+            width = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+            offsets.append(np.frombuffer(raw_offsets, dtype=width)[chunk.offset: chunk.offset + len(chunk) + 1])
+            view = memoryview(raw_data).cast("B") if raw_data is not None else memoryview(b"")
+            self.data.extend([view] * len(chunk))
+        self.begin = np.concatenate([o[:-1] for o in offsets]).astype(np.int64) if offsets else np.zeros(0, np.int64)
+        self.end = np.concatenate([o[1:] for o in offsets]).astype(np.int64) if offsets else np.zeros(0, np.int64)
+
+
 class _Block:
     """A decoded block, read by the consuming thread one batch at a time.
 
@@ -538,26 +556,21 @@ class _Block:
     block costs its Arrow size only; other columns become Python lists once, on first use.
     """
 
-    __slots__ = ("table", "lists", "buffers", "starts")
+    __slots__ = ("table", "lists", "buffers", "ranges")
 
     def __init__(self, table: pa.Table) -> None:
         self.table = table
         self.lists: dict[str, list] = {}
-        self.buffers: dict[str, tuple[np.ndarray, memoryview] | None] = {}
-        self.starts: dict[str, list[int]] = {}
+        self.buffers: dict[str, _Utf8 | None] = {}
+        self.ranges: dict[str, tuple[list[int], list[int]]] = {}
 
-    def utf8(self, name: str) -> tuple[np.ndarray, memoryview] | None:
-        """(offsets, bytes) of a string column without nulls, as views of Arrow's buffers; else None."""
+    def utf8(self, name: str) -> _Utf8 | None:
+        """The rows' bytes of a string column without nulls, as views of Arrow's buffers; else None."""
         if name not in self.buffers:
-            chunked = self.table.column(name)  # combine_chunks would copy even a single chunk
-            column = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
-            found = None
-            if (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)) and not column.null_count:
-                _, offsets, data = column.buffers()
-                width = np.int64 if pa.types.is_large_string(column.type) else np.int32
-                found = (np.frombuffer(offsets, dtype=width)[column.offset: column.offset + len(column) + 1],
-                         memoryview(data).cast("B") if data is not None else memoryview(b""))
-            self.buffers[name] = found
+            chunks = self.table.column(name).chunks  # not combined: that would copy the block
+            plain = all((pa.types.is_string(c.type) or pa.types.is_large_string(c.type)) and not c.null_count
+                        for c in chunks)
+            self.buffers[name] = _Utf8(chunks) if plain else None
         return self.buffers[name]
 
     def getter(self, name: str) -> Callable[[int], Any]:
@@ -565,10 +578,10 @@ class _Block:
         views = self.utf8(name)
         if views is None:
             return self.column(name).__getitem__
-        if name not in self.starts:
-            self.starts[name] = views[0].tolist()
-        starts, data = self.starts[name], views[1]
-        return lambda row: str(data[starts[row]:starts[row + 1]], "utf-8")
+        if name not in self.ranges:
+            self.ranges[name] = (views.begin.tolist(), views.end.tolist())
+        (begin, end), data = self.ranges[name], views.data
+        return lambda row: str(data[row][begin[row]:end[row]], "utf-8")
 
     def column(self, name: str) -> list:
         values = self.lists.get(name)
@@ -612,9 +625,9 @@ def _gather_utf8(window: Window, blocks: np.ndarray, rows: np.ndarray, name: str
     if any(v is None for v in views.values()):
         return None
     starts, ends = np.empty(len(rows), np.int64), np.empty(len(rows), np.int64)
-    for block, (offsets, _) in views.items():  # type: ignore[misc]
+    for block, view in views.items():
         where = blocks == block
-        starts[where], ends[where] = offsets[rows[where]], offsets[rows[where] + 1]
+        starts[where], ends[where] = view.begin[rows[where]], view.end[rows[where]]  # type: ignore[union-attr]
     bounds = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(ends - starts, out=bounds[1:])
     head = bounds.nbytes
@@ -622,8 +635,9 @@ def _gather_utf8(window: Window, blocks: np.ndarray, rows: np.ndarray, name: str
     flat = np.asarray(buffer)
     flat[:head] = bounds.view(np.uint8)
     target = memoryview(flat[head:])
-    for block, at, begin, stop in zip(blocks.tolist(), bounds.tolist(), starts.tolist(), ends.tolist()):
-        target[at:at + stop - begin] = views[block][1][begin:stop]  # type: ignore[index]
+    for block, row, at, begin, stop in zip(blocks.tolist(), rows.tolist(), bounds.tolist(), starts.tolist(),
+                                           ends.tolist()):
+        target[at:at + stop - begin] = views[block].data[row][begin:stop]  # type: ignore[union-attr]
     return buffer
 
 
