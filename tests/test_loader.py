@@ -518,6 +518,16 @@ def test_importing_loaders_pulls_no_torch_ray_or_aiohttp() -> None:
     assert out.strip() == "[]"
 
 
+def test_importing_loaders_first_keeps_arrow_off_huge_pages() -> None:
+    """The allocator setting is in place before pyarrow loads, and a job's own setting wins."""
+    code = "import os, sys, loaders; print('pyarrow' in sys.modules, os.environ.get('MIMALLOC_ALLOW_THP'))"
+    env = {k: v for k, v in os.environ.items() if k != "MIMALLOC_ALLOW_THP"}
+    run = lambda env: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,  # noqa: E731
+                                     check=True, env=env).stdout.split()
+    assert run(env) == ["True", "0"]
+    assert run({**env, "MIMALLOC_ALLOW_THP": "1"}) == ["True", "1"]
+
+
 def test_utf8_output_matches_python_output(corpus: tuple[str, list[str]]) -> None:
     import pyarrow as pa
 
