@@ -185,6 +185,26 @@ def test_dataloader_workers_read_the_store_with_their_own_connections(shaped: Sh
     assert remote == local and sum(map(len, remote)) == 700
 
 
+def test_the_first_batch_read_before_workers_fork_reads_the_footer_beside_the_block(shaped: ShapedStore,
+                                                                                   few_blocks: str) -> None:
+    """With workers, the first batch is read in the calling thread (``io_threads=0``); its shard's footer
+    and its block are still two GETs in flight together, one round trip rather than two."""
+    import threading
+
+    url = upload(shaped, few_blocks)
+    shaped.shape(latency=0.05)
+    loader = StreamingLoader(url, batch_size=16, columns=["id"], world_size=1, rank=0, io_threads=0,
+                             storage_options=options(shaped))
+    before = set(threading.enumerate())
+    shaped.reset_stats()
+    stream = iter(loader)
+    assert len(next(stream)["id"]) == 16
+    stats = shaped.stats()
+    assert stats["gets"] == 2 and stats["max_active"] == 2
+    assert set(threading.enumerate()) <= before  # the footer's thread is gone: a fork now is safe
+    stream.close()
+
+
 def test_many_reads_are_in_flight_at_once_against_a_far_store(shaped: ShapedStore, many_blocks: str) -> None:
     """At 100 ms the loader keeps more than 4 reads in flight (an object store's gate starts at 16, and
     the fake-clock test below checks how it grows), and ``max_reads`` caps them."""
