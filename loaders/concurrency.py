@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from loaders.blocks import Counters
@@ -43,6 +43,20 @@ SLOW_START_GROWTH = 2.0  # until the first round whose extra reads did not pay
 GROWTH = 1.5
 GAIN = 1.10  # a round must beat the best so far by this factor for the limit to grow
 FADE = 0.95  # the best throughput's weight after each round: old measurements count less and less
+
+
+def room_for_reads(url: str, storage_options: Mapping[str, Any], max_reads: int) -> dict[str, Any]:
+    """``storage_options`` with room for ``max_reads`` connections where the client would allow fewer.
+
+    s3fs's botocore client keeps at most 10 connections unless told (``max_pool_connections``), so the
+    reads the gate let through beyond 10 waited inside the client: the store never saw more than 10 at
+    once. A value the caller set is kept.
+    """
+    options = dict(storage_options)
+    config = options.get("config_kwargs") or {}
+    if url.split("://", 1)[0] in ("s3", "s3a") and isinstance(config, Mapping):
+        options["config_kwargs"] = {"max_pool_connections": max_reads, **config}
+    return options
 
 
 class ReadGate:

@@ -22,6 +22,7 @@ import pyarrow.compute  # noqa: F401  (imported up front: its first import insid
 from loaders.blocks import BlockSource, Counters, check_columns
 from loaders.cache import DiskCache
 from loaders.checks import INT32_MAX, INT32_MIN, flag, integer, optional_integer, shown
+from loaders.concurrency import room_for_reads
 from loaders.plan import EpochOrder, Generation, Split, StreamSpec, consumed_by_batches, plan_generation
 from loaders.prefetch import Prefetcher, Window, read_inline
 from loaders.state import STATE_VERSION, Resume, SavedState, as_mapping, corpus_fingerprint, parse_state
@@ -157,7 +158,7 @@ class StreamingLoader:
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.cache_bytes = integer(cache_bytes, "cache_bytes", minimum=1)
         self.counters = Counters()
-        self.corpus = Corpus.open(self.url, self.storage_options)
+        self.corpus = Corpus.open(self.url, room_for_reads(self.url, self.storage_options, self.max_reads))
         check_columns(self.corpus, self._read_columns)
         self._source: BlockSource | None = None
         rows = max(1, self.corpus.num_rows)
