@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip setuptools wheel
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[all,test,torch,tokenizers,s3,cluster]"
+	# the spec again: on its own, resolving s3fs's exact fsspec pin backtracked into torch 2.14 (a CUDA build)
+	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[all,test,torch,tokenizers,s3,cluster]"
 	touch $(STAMP)
 
 system-deps:
@@ -40,8 +41,8 @@ bench-env: pyproject.toml benchmarks/requirements.txt
 	test -x .venv-bench/bin/python || $(PYTHON) -m venv .venv-bench
 	.venv-bench/bin/python -m pip install -q -U pip setuptools wheel
 	.venv-bench/bin/python -m pip install -q "$(TORCH_SPEC)"
-	.venv-bench/bin/python -m pip install -q -e ".[all,test,tokenizers,s3]"
-	.venv-bench/bin/python -m pip install -q -r benchmarks/requirements.txt
+	.venv-bench/bin/python -m pip install -q "$(TORCH_SPEC)" -e ".[all,test,tokenizers,s3]"
+	.venv-bench/bin/python -m pip install -q "$(TORCH_SPEC)" -r benchmarks/requirements.txt
 	.venv-bench/bin/python -m pip install -q --no-deps "mosaicml-streaming==0.13.0" "transformers>=4.40"
 	# gristmill as `pip install 'gristmill[all]'` installs it, no test or cluster extras: what
 	# benchmarks/pipeline_e2e.py times (the base install alone has no Ray: it is for training nodes)
