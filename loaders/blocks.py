@@ -388,8 +388,11 @@ class BlockSource:
         expected = rows if head_rows is None else min(head_rows, rows)
         try:
             parquet = pq.ParquetFile(source, metadata=metadata)
-            decoded = metadata.row_group(group).total_byte_size
-            batch_rows = expected if head_rows is not None else max(1, DECODE_BATCH_BYTES * rows // max(1, decoded))
+            if head_rows is not None:
+                batch_rows = expected
+            else:
+                decoded = metadata.row_group(group).total_byte_size
+                batch_rows = max(1, DECODE_BATCH_BYTES * rows // max(1, decoded))
             if batch_rows >= rows:
                 table = parquet.read_row_group(group, columns=self.columns, use_threads=False)
             else:

@@ -546,8 +546,9 @@ class _Utf8:
             offsets.append(np.frombuffer(raw_offsets, dtype=width)[chunk.offset: chunk.offset + len(chunk) + 1])
             view = memoryview(raw_data).cast("B") if raw_data is not None else memoryview(b"")
             self.data.extend([view] * len(chunk))
-        self.begin = np.concatenate([o[:-1] for o in offsets]).astype(np.int64) if offsets else np.zeros(0, np.int64)
-        self.end = np.concatenate([o[1:] for o in offsets]).astype(np.int64) if offsets else np.zeros(0, np.int64)
+        empty = [np.zeros(0, np.int64)]  # (a table of no chunks)
+        self.begin = np.concatenate([o[:-1] for o in offsets] or empty, dtype=np.int64)
+        self.end = np.concatenate([o[1:] for o in offsets] or empty, dtype=np.int64)
 
 
 class _Block:

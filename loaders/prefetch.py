@@ -8,8 +8,8 @@ Reads and decodes are limited apart: reads by the source's adaptive ``ReadGate``
 the store is far away), decodes by ``threads`` threads (about one per core), so a slow link does not
 idle the cores nor a fast one crowd them.
 The consumer receives whole windows in order and releases a window's blocks when it moves past it.
-Blocks shared by consecutive windows are fetched once. Everything waits on condition variables,
-semaphores or futures: nothing polls.
+Blocks shared by consecutive windows are fetched once. Everything waits on condition variables or
+futures: nothing polls.
 
 Stored bytes are read ahead of the decoded-bytes reservation. A block's decoded size is about four
 times its stored size, and the consumer holds a window while the next is decoded, so a budget counted
