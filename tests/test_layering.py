@@ -177,7 +177,7 @@ def test_downward_and_inside_arrows_pass(tmp_path: Path) -> None:
     root = _tree(tmp_path, {
         "pipeline/format/reader.py": "from dedup import lsh\nfrom pipeline.format.manifest import CorpusError",
         "crawlers/output.py": "from pipeline.format import ShardWriter\nfrom .frontier import ResultLog",
-        "pipeline/job/inputs.py": "from crawlers.extract import extract_text\nfrom pipeline import format",
+        "pipeline/job/inputs/warc.py": "from crawlers.extract import extract_text\nfrom pipeline import format",
         "pipeline/cli.py": "import importlib",
         "pipeline/commands/crawl.py": "from pipeline.commands.options import size",
         "loaders/torch_dataset.py": "import torch",

@@ -1,0 +1,47 @@
+"""One piece of one file read as documents and rejects, whatever its format."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pipeline.job.inputs.jsonl import read_jsonl
+from pipeline.job.inputs.parquet import read_parquet
+from pipeline.job.inputs.records import Doc, InputFile, Piece, ReadOptions, Reject, describe, file_reject
+from pipeline.job.inputs.warc import read_warc
+
+READERS = {"jsonl": read_jsonl, "parquet": read_parquet, "warc": read_warc}
+
+
+def read_file(item: InputFile, options: ReadOptions,
+              storage_options: Mapping[str, Any] | None = None) -> Iterator[Doc | Reject]:
+    """Every record of one whole file, as documents or rejects; never raises for bad content."""
+    return read_piece(Piece(item), options, storage_options)
+
+
+def read_piece(piece: Piece, options: ReadOptions,
+               storage_options: Mapping[str, Any] | None = None) -> Iterator[Doc | Reject]:
+    """Every record that starts in one piece of a file, as documents or rejects, with the positions
+    (line, row, byte offset) a whole read gives; never raises for bad content.
+
+    The readers isolate each record; what still escapes them (the file cannot be opened, or fails
+    between records) ends the piece with one reject for what was not read. What concerns the whole
+    file (it cannot be opened, a Parquet footer or text column that cannot be used) is reported by its
+    first piece alone, so a cut file's rejects count as a whole one's.
+    """
+    item, accounted = piece.file, 0
+    try:
+        for record in READERS[item.kind](piece, options, storage_options):
+            accounted += record.count if isinstance(record, Reject) else 1
+            yield record
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the job goes on with the next file
+        if accounted and piece.whole:
+            yield file_reject(item, f"after record {accounted}", "corrupt",
+                               f"reading stopped ({describe(exc)}); the rest of the file is lost", 0, accounted)
+        elif accounted:
+            yield Reject(item.source, f"after record {accounted} from byte {piece.start}", "corrupt",
+                         f"reading stopped ({describe(exc)}); the rest of bytes {piece.start}-{piece.end or item.size} "
+                         "is lost; its record count is unknown, counted as one", 0)
+        elif piece.start == 0:
+            yield file_reject(item, "file", "corrupt", f"unreadable file ({describe(exc)})", item.size)
+

@@ -1,0 +1,112 @@
+"""The split planner: sorted files cut into :class:`Split` s of :class:`Piece` s by a byte budget, and the
+line numbering that lets a cut JSONL file's later pieces name lines as a whole read would."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import fsspec
+
+from pipeline.job.inputs.records import InputFile, Piece, Split
+
+# A split's pieces are its read task's argument: at most this many keeps it a few KB whatever the
+# input (a split of small files is cut by count as well as by bytes).
+SPLIT_MAX_PIECES = 64
+# A file is cut where a split fills up, but never into a piece under this part of a split: the split
+# is closed and the file starts the next one.
+MIN_PIECE_PART = 4
+
+
+def cuttable(item: InputFile) -> bool:
+    """Whether a file may be cut into pieces: not when compressed (a gzip or zstd stream is read from
+    its start, so it is read whole by one task)."""
+    return item.compression is None
+
+
+def plan_splits(files: Sequence[InputFile], split_bytes: int, first_index: int = 0) -> list[Split]:
+    """Cut the sorted files into splits of about ``split_bytes`` and at most SPLIT_MAX_PIECES pieces.
+
+    An uncompressed file that does not fit is cut where the split fills up (and its rest goes on in
+    the next splits); a compressed one is whole, a split of its own when it is big. The same files
+    and budget always give the same splits.
+    """
+    splits: list[Split] = []
+    pieces: list[Piece] = []
+    size = 0
+
+    def close() -> None:
+        nonlocal pieces, size
+        if pieces:
+            splits.append(Split(first_index + len(splits), tuple(pieces)))
+        pieces, size = [], 0
+
+    for item in files:
+        if len(pieces) >= SPLIT_MAX_PIECES:
+            close()
+        start = 0
+        while cuttable(item) and item.size - start > split_bytes - size:
+            room = split_bytes - size
+            if room >= max(split_bytes // MIN_PIECE_PART, 1):
+                pieces.append(Piece(item, start, start + room))
+                start += room
+            close()
+        if pieces and size + item.size - start > split_bytes:
+            close()
+        pieces.append(Piece(item, start))
+        size += item.size - start
+    close()
+    return splits
+
+
+_COUNT_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def needs_line_count(piece: Piece) -> bool:
+    """Whether ``piece``'s newlines must be counted before the read: a JSONL piece with more of its file
+    after it (the later pieces number their lines from the count)."""
+    return piece.file.kind == "jsonl" and piece.end is not None
+
+
+def count_newlines(piece: Piece, storage_options: Mapping[str, Any] | None = None) -> int:
+    """The newlines in bytes [start - 1, end - 1) of the piece's file (from byte 0 for the first piece):
+    summed over a file's earlier pieces, the lines that start before a later one (``number_lines``).
+
+    A file that cannot be read counts 0: its pieces cannot read it either, and the first one says so.
+    """
+    begin, stop = max(piece.start - 1, 0), (piece.file.size if piece.end is None else piece.end) - 1
+    count = 0
+    try:
+        with fsspec.open(piece.file.url, "rb", **dict(storage_options or {})) as handle:
+            handle.seek(begin)
+            left = stop - begin
+            while left > 0 and (chunk := handle.read(min(left, _COUNT_CHUNK_BYTES))):
+                count += chunk.count(b"\n")
+                left -= len(chunk)
+    except Exception:  # noqa: BLE001 - reading the file is the readers' business, with their rejects
+        return 0
+    return count
+
+
+def number_lines(splits: Sequence[Split], newlines: Mapping[int, Sequence[int | None]]) -> list[Split]:
+    """The splits with the first line number of every later JSONL piece of a cut file, from the newlines
+    ``count_newlines`` found in its earlier pieces (``newlines[split index]``, one entry per piece,
+    None where not counted), so a cut file's line numbers (and the ids generated from them) are those
+    of a whole read."""
+    before: dict[str, int] = {}  # a cut file's newlines before the end of its pieces so far
+    numbered = []
+    for split in splits:
+        counts = newlines.get(split.index, ())
+        pieces = []
+        for i, piece in enumerate(split.pieces):
+            url = piece.file.url
+            if piece.file.kind == "jsonl" and piece.start > 0:
+                piece = dataclasses.replace(piece, first_line=2 + before[url])
+            if i < len(counts) and counts[i] is not None:
+                before[url] = before.get(url, 0) + counts[i]
+            elif piece.end is None:
+                before.pop(url, None)
+            pieces.append(piece)
+        numbered.append(dataclasses.replace(split, pieces=tuple(pieces)))
+    return numbered

@@ -1,0 +1,128 @@
+"""Byte streams the line- and record-based readers share: decompression that raises where a stream ends
+early, lines bounded in size, and the first line that starts in a piece."""
+
+from __future__ import annotations
+
+import gzip
+import io
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+import fsspec
+
+from pipeline.job.inputs.records import InputFile, Piece, ReadOptions
+
+_ZSTD_READ_BYTES = 128 * 1024  # compressed bytes decoded at a time
+_STREAM_BUFFER_BYTES = 256 * 1024
+
+
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of concatenated zstd frames; EOFError where the input ends inside a frame.
+
+    ``zstandard``'s stream reader ends quietly there, so a truncated .zst lost its tail (often all of
+    it: a frame's blocks decode only whole) and was counted as 0 documents and 0 rejects.
+    """
+
+    def __init__(self, source: BinaryIO) -> None:
+        import zstandard
+
+        self._source = source
+        self._decompressor = zstandard.ZstdDecompressor()
+        self._frame: Any = None  # the decoder of the frame being read; None between frames
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            compressed = self._source.read(_ZSTD_READ_BYTES)
+            if not compressed:
+                if self._frame is not None:
+                    raise EOFError("the zstd stream ends inside a frame")
+                return 0
+            self._pending = memoryview(self._decompress(compressed))
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def _decompress(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            if self._frame is None:
+                self._frame = self._decompressor.decompressobj()
+            out.append(self._frame.decompress(data))
+            if not self._frame.eof:
+                break
+            data, self._frame = self._frame.unused_data, None
+        return b"".join(out)
+
+
+def decompressed(item: InputFile, raw: BinaryIO) -> tuple[BinaryIO, str | None]:
+    """The file's bytes, decompressed, and the compression used; a stream that ends early or breaks off
+    raises while it is read. For WARC the first bytes can add what the name does not say (a gzipped
+    .warc, as warcio read it); a JSONL file is taken as named, since a hostile first line may begin
+    with a compressor's magic bytes and must cost only itself."""
+    head = raw.read(4)
+    raw.seek(0)
+    compression = item.compression
+    if item.kind == "warc" and compression is None:
+        compression = "gzip" if head.startswith(b"\x1f\x8b") else "zstd" if head == b"\x28\xb5\x2f\xfd" else None
+    if compression and not head:  # gzip reads an empty file as empty content; no compressor writes one
+        raise EOFError(f"empty file: no {compression} header")
+    if compression == "gzip":
+        return gzip.GzipFile(fileobj=raw), compression
+    if compression == "zstd":
+        return io.BufferedReader(_ZstdFrames(raw), _STREAM_BUFFER_BYTES), compression
+    if isinstance(raw, fsspec.spec.AbstractBufferedFile):  # an object store's file: its readline takes no size
+        return io.BufferedReader(raw, _STREAM_BUFFER_BYTES), None
+    return raw, None
+
+
+
+
+# A raw record (a JSONL line, a WARC block) may be up to this many times --max-doc-bytes (JSON escapes
+# such as \u00e9 take 6 bytes for 2; HTML carries markup) before it is refused unread: a giant record
+# never reaches a worker's memory whole.
+RAW_RECORD_EXPANSION = 8
+_LINE_CHUNK = 1 << 20
+
+
+def record_limit(options: ReadOptions) -> int:
+    return max(options.max_doc_bytes * RAW_RECORD_EXPANSION, _LINE_CHUNK)
+
+
+def bounded_lines(stream: Any, limit: int, stop: int | None = None) -> Iterator[tuple[bytes | None, int]]:
+    """(line, length) for each line of a binary stream (with ``stop``, each line that starts in its next
+    ``stop`` bytes); (None, length) for a line over ``limit`` bytes, which is read past in chunks
+    rather than held."""
+    consumed = 0
+    while (stop is None or consumed < stop) and (raw := stream.readline(limit + 1)):
+        length = len(raw)
+        if length > limit and not raw.endswith(b"\n"):
+            while chunk := stream.readline(_LINE_CHUNK):
+                length += len(chunk)
+                if chunk.endswith(b"\n"):
+                    break
+            raw = None
+        consumed += length
+        yield raw, length
+
+
+def first_line_start(piece: Piece, stream: Any, compression: str | None) -> int | None:
+    """Move ``stream`` to the first line that starts in ``piece`` (the one after the line that holds
+    byte start - 1) and return its offset; None when no line starts in the piece. A cut file whose
+    content turns out compressed (a gzip stream named .jsonl) is read whole by its first piece."""
+    if piece.start == 0 or compression is not None:
+        return 0 if piece.start == 0 else None
+    position = piece.start - 1
+    stream.seek(position)
+    while piece.end is None or position < piece.end:
+        chunk = stream.readline(_LINE_CHUNK)
+        if not chunk:
+            return None
+        position += len(chunk)
+        if chunk.endswith(b"\n"):
+            return position if piece.end is None or position < piece.end else None
+    return None
