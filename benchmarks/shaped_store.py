@@ -13,7 +13,13 @@ standalone server) and shapes the answers as a cloud store would:
 Object bodies are served by the proxy itself from a copy fetched once from upstream (dropped when the
 object is written or deleted through the proxy): moto answers a ranged GET by copying the whole object
 and slicing it (64 MiB objects: 57 MB/s of 4 MiB ranges, measured), which would make moto, not the
-shaping, the limit. ``tamper`` lets a test damage bodies (short, wrong Content-Length, garbage).
+shaping, the limit. ``tamper`` lets a test damage bodies (short, wrong Content-Length, garbage);
+``fail(pattern, count)`` answers the next ``count`` requests whose path matches a glob with ``503
+SlowDown`` (or another status), as a throttling bucket does to one hot key.
+
+Requests are counted by kind (GET, PUT, COPY, LIST, HEAD, DELETE, POST, other: a rename on an object
+store is a COPY and a DELETE) in ``stats()["kinds"]``, and with ``record=True`` logged as (kind, path)
+in ``log`` so a benchmark can add them up per stage by the keys they touched.
 
 Settings can be changed while it runs (``store.shape(...)`` in-process, or ``POST /__shape__`` with
 JSON); ``stats()`` / ``GET /__stats__`` report what it did. Run it as a process for benchmarks:
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fnmatch
 import threading
 import time
 from collections.abc import Callable
@@ -65,19 +72,33 @@ class StoreStats:
     max_active: int = 0
     connections: int = 0
     upstream_object_reads: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)  # requests by kind(): GET, PUT, COPY, LIST, ...
     _active: int = field(default=0, repr=False)
+
+
+def kind(method: str, path: str, query: Any, headers: Any) -> str:
+    """What an S3 request does: a GET on a bucket (or with ``list-type``) is a LIST, a PUT naming a copy
+    source is a COPY, a multipart part or upload is a PUT."""
+    if method == "GET" and (path.strip("/").count("/") == 0 or "list-type" in query or "prefix" in query):
+        return "LIST"
+    if method == "PUT" and "x-amz-copy-source" in headers:
+        return "COPY"
+    return method if method in ("GET", "PUT", "HEAD", "DELETE", "POST") else "other"
 
 
 class ShapedStore:
     """The shaping proxy in a background thread with its own event loop; ``endpoint`` is its URL."""
 
     def __init__(self, upstream: str, shape: Shape | None = None, *, tamper: Tamper | None = None,
-                 port: int = 0) -> None:
+                 port: int = 0, record: bool = False) -> None:
         self.upstream = upstream.rstrip("/")
         self.settings = shape or Shape()
         self.tamper = tamper
         self.port = port
         self.counters = StoreStats()
+        self.record = record
+        self.log: list[tuple[str, str]] = []  # (kind, path) of every request, with record=True
+        self._faults: list[list[Any]] = []  # [glob, requests left (None: all), status]
         self._objects: dict[str, tuple[bytes, dict[str, str]]] = {}
         self._filling: dict[str, asyncio.Lock] = {}
         self._buckets: dict[str, tuple[float, float]] = {}  # prefix -> (tokens, time)
@@ -98,12 +119,21 @@ class ShapedStore:
             setattr(self.settings, name, value)
         self._buckets.clear()
 
-    def stats(self) -> dict[str, int]:
+    def fail(self, pattern: str, count: int | None = 1, status: int = 503) -> None:
+        """Answer the next ``count`` requests (None: every one) whose path (``/bucket/key``) matches the
+        glob ``pattern`` with ``status`` (503 is S3's SlowDown) instead of serving them."""
+        self._faults.append([pattern, count, status])
+
+    def clear_faults(self) -> None:
+        self._faults.clear()
+
+    def stats(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self.counters).items() if not k.startswith("_")}
 
     def reset_stats(self) -> None:
         self.counters = StoreStats()
         self._connections.clear()
+        self.log = []
 
     def start(self) -> str:
         ready = threading.Event()
@@ -179,8 +209,28 @@ class ShapedStore:
         finally:
             counters._active -= 1
 
+    def _fault(self, path: str) -> int | None:
+        """The status an injected fault answers ``path`` with, or None (see ``fail``)."""
+        for fault in self._faults:
+            pattern, left, status = fault
+            if (left is None or left > 0) and fnmatch.fnmatchcase(path, pattern):
+                if left is not None:
+                    fault[1] = left - 1
+                return status
+        return None
+
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         path = request.path
+        request_kind = kind(request.method, path, request.query, request.headers)
+        self.counters.kinds[request_kind] = self.counters.kinds.get(request_kind, 0) + 1
+        if self.record:
+            self.log.append((request_kind, path))
+        injected = self._fault(path)
+        if injected is not None:
+            self.counters.throttled += 1
+            await asyncio.sleep(self.settings.latency)
+            body = _SLOW_DOWN if injected == 503 else b""
+            return web.Response(status=injected, body=body, content_type="application/xml")
         is_object = request.method == "GET" and path.count("/") >= 2 and not path.endswith("/") and set(request.query) <= {"x-id"}
         if request.method == "GET":
             self.counters.gets += 1
