@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "List the largest duplicate clusters; --show ID prints one cluster's members side by side with diffs."),
     "rejects": ("pipeline.commands.rejects",
               "List the input records a dedup run rejected: file, position, kind and reason (--json: JSON Lines)."),
+    "gc": ("pipeline.commands.gc",
+              "Reclaim space: remove the files earlier manifests listed, kept for their readers (--now: all of them)."),
 }
 RESUMABLE = ("dedup", "crawl")  # commands that pick up where they stopped when run again
 INTERRUPTED = 130  # the shell's status for a process stopped by SIGINT (128 + 2)

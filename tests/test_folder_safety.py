@@ -85,7 +85,7 @@ def test_a_symlinked_output_is_seen_through(raw: Path, tmp_path: Path) -> None:
 
 # -- a different job into a committed corpus; stale files; idempotent re-runs -----------------------
 def test_a_different_job_is_refused_then_replaces_with_overwrite_and_stale_files_go(
-        ray_local: None, raw: Path, tmp_path: Path) -> None:
+        ray_local: None, raw: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, removed = tmp_path / "out", tmp_path / "removed"
     first = run_dedup(DedupConfig(inputs=[str(raw)], output=str(out), removed=str(removed), num_partitions=2))
     old_files, old_removed = _files(out), _files(removed)
@@ -110,8 +110,18 @@ def test_a_different_job_is_refused_then_replaces_with_overwrite_and_stale_files
     listed = {s.path for s in corpus.shards} | set(index["files"]) | set(index["band_files"]) | set(
         corpus.manifest.extra["stats_table"]["files"]) | set(corpus.manifest.extra["pairs"]["files"]) | {
         corpus.manifest.extra["rejects"], "manifest.json", corpus.manifest.blocks_file["path"]}
-    assert _files(out) == listed  # the earlier job's shards, _index, _rejects and _stats files are gone
-    assert not (old_files - {"manifest.json"}) & _files(out)
+    # the earlier job's shards, _index, _rejects and _stats files are retired, kept for readers of its manifest
+    retired = set(json.loads((out / "_retired.json").read_text())["retired"])
+    assert _files(out) == listed | retired | {"_retired.json"}
+    assert retired == old_files - {"manifest.json"} - {Corpus.open(str(out)).manifest.blocks_file["path"]} - {
+        f for f in old_files if f.startswith("_blocks/")}
+    # gristmill gc --now takes them away, naming each one and the bytes freed
+    sizes = {name: (out / name).stat().st_size for name in retired}
+    assert main(["gc", str(out), "--now"]) == 0
+    printed = capsys.readouterr().out
+    assert all(name in printed for name in retired) and f"({sum(sizes.values()):,} bytes)" in printed
+    assert _files(out) == listed
+    assert main(["gc", str(removed), "--now"]) == 0
     removed_corpus = Corpus.open(str(removed))
     assert _files(removed) == {s.path for s in removed_corpus.shards} | {"manifest.json",
                                                                          removed_corpus.manifest.blocks_file["path"]}

@@ -2,13 +2,16 @@
 
 One module per job: ``schemas`` (every Arrow schema), ``storage`` (fsspec URLs), ``manifest`` (the
 commit point and every rule about the paths it names), ``writer`` (shards), ``reader`` (:class:`Corpus`)
-``signature_index`` (the index a dedup run keeps for later runs and the service) and ``blocks`` (every
+``lease`` (one writer per folder), ``gc`` (files of replaced manifests kept for their readers, then
+reclaimed), ``signature_index`` (the index a dedup run keeps for later runs and the service) and ``blocks`` (every
 row group as flat arrays: the block table a version 2 manifest keeps beside it). Floor 1 of the
 layering in DESIGN.md: it imports nothing of ours but ``dedup``, and neither Ray nor aiohttp, so the
 loader and the crawler can use it cheaply. The names below are the contract most callers need.
 """
 
 from pipeline.format.blocks import BlockTable, RowGroupInfo, RowGroups
+from pipeline.format.gc import retire_unlisted
+from pipeline.format.lease import Lease, LeaseHeld, acquire_leases, release_leases
 from pipeline.format.manifest import (
     FORMAT_VERSION,
     JOB_FINGERPRINT_KEY,
@@ -19,7 +22,6 @@ from pipeline.format.manifest import (
     ShardInfo,
     is_owned_file,
     member_path,
-    remove_unlisted,
     write_manifest,
 )
 from pipeline.format.reader import Corpus, VerifyResult
@@ -37,6 +39,6 @@ from pipeline.format.writer import ShardWriter
 __all__ = [
     "CORPUS_SCHEMA", "FORMAT_VERSION", "JOB_FINGERPRINT_KEY", "MANIFEST_NAME", "RAW_CRAWL_SCHEMA", "REJECT_KINDS",
     "REJECT_SCHEMA", "REMOVED_SCHEMA", "STATS_TABLE_KEY", "BlockTable", "Corpus", "CorpusError", "Manifest",
-    "RowGroupInfo", "RowGroups", "ShardInfo", "ShardWriter", "VerifyResult", "index_schema", "is_owned_file", "member_path", "open_fs",
-    "remove_unlisted", "write_manifest",
+    "RowGroupInfo", "RowGroups", "ShardInfo", "ShardWriter", "VerifyResult", "Lease", "LeaseHeld", "acquire_leases", "release_leases", "retire_unlisted", "index_schema", "is_owned_file", "member_path", "open_fs",
+    "write_manifest",
 ]

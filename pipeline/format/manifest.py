@@ -13,7 +13,6 @@ import datetime as _dt
 import fnmatch
 import json
 import math
-import os
 import posixpath
 import re
 import uuid
@@ -29,7 +28,7 @@ import xxhash
 
 from pipeline.format.blocks import BLOCKS_FOLDER, INT64_MAX, BlockTable, RowGroups, check_blocks
 from pipeline.format.errors import CorpusError
-from pipeline.format.storage import is_local, open_fs
+from pipeline.format.storage import is_local, open_fs, write_whole
 
 FORMAT_NAME = "gristmill-corpus"
 # Version 2 moved the row groups out of manifest.json into the block table sidecar (pipeline/format/blocks.py);
@@ -321,16 +320,7 @@ def write_manifest(
     fs, root = open_fs(url, storage_options)
     manifest.blocks_file = write_blocks(fs, root, manifest.blocks)
     payload = manifest.to_json().encode("utf-8")
-    target = posixpath.join(root, MANIFEST_NAME)
-    if is_local(fs):
-        temporary = f"{target}.tmp-{uuid.uuid4().hex}"
-        with open(temporary, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    else:
-        fs.pipe_file(target, payload)
+    write_whole(fs, posixpath.join(root, MANIFEST_NAME), payload)
     _remove_old_blocks(fs, root, manifest.blocks_file["path"])
     return manifest
 
@@ -356,30 +346,13 @@ def manifest_location(url: str, fs: fsspec.AbstractFileSystem, root: str) -> str
 OWNED_PATTERNS = ("manifest.json", "manifest.json.tmp-*", "*.parquet.tmp-*", "part-*.parquet", "removed-*.parquet",
                   "_index/index-*.parquet", "_index/bands-*.parquet", "_index/*.tmp-*", "_rejects/rejects-*.parquet",
                   "_rejects/*.tmp-*", "_stats/stats-*.parquet", "_stats/*.tmp-*", "_blocks/blocks-*.parquet", "_work/*",
-                  "_pairs/pairs-*.parquet", "_pairs/*.tmp-*")
+                  "_pairs/pairs-*.parquet", "_pairs/*.tmp-*", "_lease.json", "_lease.json.tmp-*", "_retired.json",
+                  "_retired.json.tmp-*")
 
 
 def is_owned_file(relative: str) -> bool:
     """True for a path (relative to a corpus folder) of a kind gristmill writers create there."""
     return any(fnmatch.fnmatchcase(relative, pattern) for pattern in OWNED_PATTERNS)
-
-
-def remove_unlisted(url: str, manifest: Manifest, storage_options: Mapping[str, Any] | None = None) -> list[str]:
-    """After ``manifest`` committed at ``url``: delete the files of ours it does not list (an earlier
-    job's shards, index and rejects files, temporary names left by a crash). ``_work`` and anything
-    not of ours are left alone. Returns the relative paths removed."""
-    fs, root = open_fs(url, storage_options)
-    listed = {shard.path for shard in manifest.shards} | set(manifest_extra_files(manifest))
-    listed |= {manifest.blocks_file["path"]} if manifest.blocks_file else set()
-    stale = []
-    for path in fs.find(root):
-        relative = posixpath.relpath(path, root)
-        if relative != MANIFEST_NAME and not relative.startswith("_work/") and is_owned_file(relative) \
-                and relative not in listed:
-            stale.append(relative)
-    for relative in stale:
-        fs.rm_file(posixpath.join(root, relative))
-    return stale
 
 
 def manifest_extra_files(manifest: Manifest) -> list[str]:

@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pipeline.format.gc import retire_unlisted
 from pipeline.format.manifest import (
     MANIFEST_NAME,
     CorpusError,
     is_owned_file,
-    remove_unlisted,
     write_manifest,
 )
 from pipeline.format.reader import Corpus
@@ -258,7 +258,7 @@ def write_index(
              "signature_index": {"files": files, "band_files": band_files, "params": params_to_dict(params)}}
     manifest = write_manifest(url, [], CORPUS_SCHEMA, stats=dict(stats or {}), extra=extra,
                               storage_options=storage_options)
-    remove_unlisted(url, manifest, storage_options)  # the earlier export's index files, after the commit
+    retire_unlisted(url, manifest, storage_options)  # the earlier export's index files, after the commit
     return files[0]
 
 

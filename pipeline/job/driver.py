@@ -23,12 +23,16 @@ from pipeline.format import (
     REMOVED_SCHEMA,
     STATS_TABLE_KEY,
     Corpus,
+    Lease,
     ShardInfo,
+    acquire_leases,
     open_fs,
-    remove_unlisted,
+    release_leases,
+    retire_unlisted,
     write_manifest,
 )
 from pipeline.format.manifest import PAIRS_KEY
+from pipeline.format.signature_index import IndexFile, IndexParams
 from pipeline.job import components
 from pipeline.job.buckets import bucket_partition
 from pipeline.job.clusters import run_clusters
@@ -45,11 +49,11 @@ from pipeline.job.datasets import (
 )
 from pipeline.job.earlier import figures, run_earlier, shuffled_indices, sorted_indices, whole_indices
 from pipeline.job.exact import run_exact
-from pipeline.job.inputs import plan_splits, resolve_inputs
+from pipeline.job.inputs import InputFile, Split, plan_splits, resolve_inputs
 from pipeline.job.keys import check_split_count
 from pipeline.job.partitions import Partitions, partitions_for
 from pipeline.job.plan import against_index_files, claim_folders, job_fingerprint
-from pipeline.job.prefer import check_input_column, parse_preference
+from pipeline.job.prefer import Preference, check_input_column, parse_preference
 from pipeline.job.read import read_index_split, run_read
 from pipeline.job.sign import sign_split
 from pipeline.job.stats import final_stats, merge_counts, run_stats
@@ -90,7 +94,6 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     ``on_stage(name)`` is called as each stage of ``job_stages(config)`` finishes or is found finished (resume);
     ``progress`` hears each stage begin and end and each of its tasks finish, for progress inside stages.
     """
-    import ray
 
     if min(1 if config.num_partitions is None else config.num_partitions, config.split_bytes,
            config.partition_bytes, config.spill_bytes, config.cc_rows_per_task) < 1:
@@ -105,6 +108,24 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     splits = plan_splits(files, config.split_bytes, first_index=len(index_files))
     check_split_count(len(splits), len(index_files))
     fingerprint = job_fingerprint(config, params, splits, index_files, preference)  # names the output files
+    claim_folders(config, files, fingerprint)  # refuse a folder we may not write before taking its lease
+    # one writer per output folder (pipeline.format.lease): another job is refused, this same job waits
+    leases = acquire_leases([config.output] + ([config.removed] if config.removed else []), fingerprint,
+                            config.storage_options)
+    try:
+        return _run_leased(config, params, preference, files, index_files, splits, fingerprint, leases, started,
+                           on_stage, progress)
+    finally:
+        release_leases(leases)
+
+
+def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference, files: list[InputFile],
+                index_files: list[IndexFile], splits: list[Split], fingerprint: str, leases: list[Lease], started: float,
+                on_stage: Callable[[str], None] | None, progress: JobProgress | None) -> dict[str, Any]:
+    """The job once its output folders are leased: claimed again (a run of this same job that held the
+    lease first may have committed meanwhile), then every stage, the commit and the cleanup."""
+    import ray
+
     finished = claim_folders(config, files, fingerprint)
     if finished is not None:  # this very job committed already: re-running it is an idempotent resume
         _remove_stale(config, finished)
@@ -198,6 +219,8 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     if params.verify:  # the candidate pairs table verification kept, for clusters --what-if
         extra[PAIRS_KEY] = verified["pairs"]
     _collect_rejects(job, extra["rejects"])
+    for lease in leases:  # a writer whose lease lapsed and was taken never commits over the new holder
+        lease.check()
     if config.removed:
         removed_shards = [ShardInfo.from_dict(s) for record in written for s in record["removed_shards"]]
         write_manifest(config.removed, removed_shards, REMOVED_SCHEMA, stats=stats,
@@ -220,13 +243,16 @@ def _against(job: Job, parts: Partitions, run_tasks: Callable[..., list[Any]]) -
 
 
 def _remove_stale(config: DedupConfig, corpus: Corpus) -> None:
-    """After the commit: files of ours that the new manifests do not list (an earlier job's) go."""
-    removed = remove_unlisted(config.output, corpus.manifest, config.storage_options)
+    """After the commit: files of ours that the new manifests do not list (an earlier job's) are retired,
+    and go once no reader of an earlier manifest can hold them (``pipeline.format.gc``)."""
+    passes = [retire_unlisted(config.output, corpus.manifest, config.storage_options)]
     if config.removed:
         removed_corpus = Corpus.open(config.removed, config.storage_options)
-        removed += remove_unlisted(config.removed, removed_corpus.manifest, config.storage_options)
-    if removed:
-        log.info("removed %d files no manifest lists (an earlier job's)", len(removed))
+        passes.append(retire_unlisted(config.removed, removed_corpus.manifest, config.storage_options))
+    retired = sum(len(p.retired) for p in passes)
+    if retired:
+        log.info("%d files an earlier manifest listed are kept for its readers; `gristmill gc` reclaims them",
+                 retired)
 
 
 def _collect_rejects(job: Job, name: str) -> None:
