@@ -21,7 +21,8 @@ def job_fingerprint(config: DedupConfig, params: IndexParams, splits: list[Split
     """What the result depends on; a work folder from another job is discarded, not mixed in. (The
     default policy adds nothing: its runs keep the fingerprint, so the file names, they had before.)"""
     payload = {
-        "splits": [[[p.file.url, p.file.size, p.start, p.end] for p in s.pieces] for s in splits],  # where files are cut
+        # where files are cut, and each file's content identity (a same-length rewrite is another job)
+        "splits": [[[p.file.url, p.file.size, p.file.version, p.start, p.end] for p in s.pieces] for s in splits],
         "params": dataclasses.asdict(params), "index": [[f.url, f.bands_url] for f in index_files], "text_column": config.text_column,
         "id_column": config.id_column, "max_doc_bytes": config.max_doc_bytes, "removed": config.removed,
         "shard_bytes": config.shard_bytes, "row_group_bytes": config.row_group_bytes,

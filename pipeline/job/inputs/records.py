@@ -34,6 +34,9 @@ class InputFile:
     size: int
     origin: str
     rows: int | None = None  # the rows a corpus manifest lists for this shard; None for other files
+    # what tells this content from a rewrite of the same length (``discover.content_identity``): part of
+    # every split's fingerprint, so a changed input is a different job, never the old corpus returned
+    version: str = ""
 
     @cached_property
     def source(self) -> str:
