@@ -162,8 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # what is still buffered cannot fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except OSError as exc:  # its message names the file
-        print(f"gristmill {command}: {exc}", file=sys.stderr)
+    except OSError as exc:  # its message names the file (pipeline.format.storage.naming)
+        from pipeline.commands.options import error_line
+
+        print(f"gristmill {command}: {error_line(exc)}", file=sys.stderr)
         return 2
 
 

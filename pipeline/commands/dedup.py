@@ -126,6 +126,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     import ray
 
+    from pipeline.commands import options
     from pipeline.format import CorpusError
     from pipeline.job import DedupError, job_stages, run_dedup
     from pipeline.job.inputs import InputError
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         stats = run_dedup(config, progress=progress)
         empty = _why_empty(stats, config)
     except (DedupError, InputError, CorpusError, OSError, ValueError) as exc:
-        print(f"gristmill dedup: {exc}", file=sys.stderr)
+        print(f"gristmill dedup: {options.error_line(exc)}", file=sys.stderr)
         return 2
     finally:
         if not ray_was_up:

@@ -192,3 +192,11 @@ def explicit_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[
         for action, default, required in saved:
             action.default, action.required = default, required
     return set(vars(given))
+
+
+def error_line(exc: BaseException) -> str:
+    """An error as the one line a command prints: a Ray task's error is shown as its cause (Ray's
+    ``RayTaskError`` subclasses the cause's type but renders the whole remote traceback)."""
+    cause = getattr(exc, "cause", None)
+    shown = cause if isinstance(cause, BaseException) and type(exc).__module__.startswith("ray") else exc
+    return str(shown) or type(shown).__name__

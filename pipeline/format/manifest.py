@@ -28,7 +28,7 @@ import xxhash
 
 from pipeline.format.blocks import BLOCKS_FOLDER, INT64_MAX, BlockTable, RowGroups, check_blocks
 from pipeline.format.errors import CorpusError
-from pipeline.format.storage import is_local, open_fs, write_whole
+from pipeline.format.storage import is_local, naming, open_fs, write_whole
 
 FORMAT_NAME = "gristmill-corpus"
 # Version 2 moved the row groups out of manifest.json into the block table sidecar (pipeline/format/blocks.py);
@@ -318,9 +318,12 @@ def write_manifest(
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
     fs, root = open_fs(url, storage_options)
-    manifest.blocks_file = write_blocks(fs, root, manifest.blocks)
+    where = manifest_location(url, fs, root)
+    with naming(posixpath.join(posixpath.dirname(where), BLOCKS_FOLDER), "write", is_local(fs)):
+        manifest.blocks_file = write_blocks(fs, root, manifest.blocks)
     payload = manifest.to_json().encode("utf-8")
-    write_whole(fs, posixpath.join(root, MANIFEST_NAME), payload)
+    with naming(where, "write", is_local(fs)):
+        write_whole(fs, posixpath.join(root, MANIFEST_NAME), payload)
     _remove_old_blocks(fs, root, manifest.blocks_file["path"])
     return manifest
 

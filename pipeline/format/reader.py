@@ -26,7 +26,7 @@ from pipeline.format.manifest import (
     manifest_location,
     member_path,
 )
-from pipeline.format.storage import is_local, open_fs
+from pipeline.format.storage import is_local, naming, open_fs
 
 
 def checksum_of(fs: fsspec.AbstractFileSystem, path: str, chunk_bytes: int = 8 * 1024 * 1024) -> str:
@@ -71,13 +71,15 @@ class Corpus:
             path = member_path(root, relative, where, "block table path")
             if is_local(fs):
                 _check_inside(root, path, where, "block table path")
-            return fs.cat_file(path, start=0)
+            with naming(posixpath.join(posixpath.dirname(where), relative), "read", is_local(fs)):
+                return fs.cat_file(path, start=0)
 
         for attempt in range(2):
             try:
                 # start=0: one GET. Without a range, s3fs asks the size first (a HEAD): a round trip
                 # more for each of the two reads before a first batch (0.1 s each at 100 ms latency).
-                text = fs.cat_file(posixpath.join(root, MANIFEST_NAME), start=0).decode("utf-8")
+                with naming(where, "read", is_local(fs)):
+                    text = fs.cat_file(posixpath.join(root, MANIFEST_NAME), start=0).decode("utf-8")
             except FileNotFoundError:
                 raise CorpusError(f"{where}: no manifest; not a corpus, or its writer never committed") from None
             except UnicodeDecodeError:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import fsspec
@@ -34,3 +35,33 @@ def write_whole(fs: fsspec.AbstractFileSystem, path: str, payload: bytes) -> Non
         os.replace(temporary, path)
     else:
         fs.pipe_file(path, payload)
+
+
+class StorageError(OSError):
+    """A read or write of the store failed; the message names the object and the operation, on one line.
+
+    s3fs reports a failed request as ``[Errno 16] Service Unavailable``, naming neither; users saw that
+    (or a Ray traceback around it) with no idea which object failed.
+    """
+
+
+# what each verb is on an object store, for the message: "cannot write s3://b/k (PUT): SlowDown"
+_REQUESTS = {"read": "GET", "write": "PUT", "list": "LIST", "delete": "DELETE"}
+
+
+@contextlib.contextmanager
+def naming(location: str, verb: str, local: bool = False) -> Iterator[None]:
+    """Re-raise an ``OSError`` that names no file as a :class:`StorageError` naming ``location`` and
+    ``verb``. Missing and existing files stay what they are (callers act on them), and so does an
+    error that already names its file."""
+    try:
+        yield
+    except (FileNotFoundError, FileExistsError, StorageError):
+        raise
+    except OSError as exc:
+        if exc.filename:
+            raise
+        request = "" if local or verb not in _REQUESTS else f" ({_REQUESTS[verb]})"
+        error = StorageError(f"cannot {verb} {location}{request}: {exc.strerror or exc}")
+        error.errno = exc.errno
+        raise error from exc

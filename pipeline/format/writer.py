@@ -7,6 +7,7 @@ little (docs/FORMAT.md).
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import uuid
 from collections.abc import Iterable, Mapping
@@ -25,7 +26,7 @@ from pipeline.format.manifest import (
     write_manifest,
 )
 from pipeline.format.schemas import CORPUS_SCHEMA, REQUIRED_COLUMNS
-from pipeline.format.storage import open_fs
+from pipeline.format.storage import is_local, naming, open_fs
 
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 DEFAULT_ROW_GROUP_BYTES = 4 * 1024 * 1024
@@ -168,12 +169,17 @@ class ShardWriter:
         self._pending = [rest] if rest.num_rows else []
         self._pending_bytes = rest.nbytes if rest.num_rows else 0
 
+    def _naming_shard(self) -> contextlib.AbstractContextManager[None]:
+        """Store errors while writing the open shard name it (``pipeline.format.storage.naming``)."""
+        return naming(f"{self.url.rstrip('/')}/{self._shard_name}", "write", is_local(self.fs))
+
     def _write_row_group(self, group: pa.Table) -> None:
         if self._writer is None:
             self._open_shard()
         assert self._writer is not None and self._sink is not None
         before = self._sink.position
-        self._writer.write_table(group, row_group_size=group.num_rows)
+        with self._naming_shard():
+            self._writer.write_table(group, row_group_size=group.num_rows)
         written = self._sink.position - before
         if written > 0 and group.nbytes > 0:
             observed = written / group.nbytes
@@ -186,7 +192,8 @@ class ShardWriter:
 
     def _open_shard(self) -> None:
         self._shard_name = f"{self.name_prefix}-{self.run_id}-{len(self.shards):05d}.parquet"
-        handle = self.fs.open(posixpath.join(self.root, self._shard_name), "wb")
+        with self._naming_shard():
+            handle = self.fs.open(posixpath.join(self.root, self._shard_name), "wb")
         self._sink = _HashingSink(handle)
         dictionary_columns = [name for name in self.schema.names if name not in UNIQUE_VALUED_COLUMNS]
         self._writer = pq.ParquetWriter(self._sink, self.schema, compression=self.compression,
@@ -195,9 +202,10 @@ class ShardWriter:
 
     def _close_shard(self) -> None:
         assert self._writer is not None and self._sink is not None
-        self._writer.close()
-        metadata = self._writer.writer.metadata
-        self._sink.close()
+        with self._naming_shard():
+            self._writer.close()
+            metadata = self._writer.writer.metadata
+            self._sink.close()
         groups = _row_group_ranges(metadata)
         data_end = max((g.offset + g.length for g in groups), default=4)
         self.shards.append(

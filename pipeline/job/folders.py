@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.format import JOB_FINGERPRINT_KEY, MANIFEST_NAME, Corpus, CorpusError, is_owned_file, open_fs
+from pipeline.format.storage import is_local, naming
 
 
 class FolderError(Exception):
@@ -76,10 +77,12 @@ def claim(url: str, fingerprint: str, overwrite: bool, flag: str,
     manifest, or files that are not this project's (a crashed run of ours leaves only files of ours).
     """
     fs, root = open_fs(url, storage_options)
-    if not fs.exists(root):
+    with naming(f"{url.rstrip('/')}/{MANIFEST_NAME}", "read", is_local(fs)):
+        committed = fs.exists(root) and fs.exists(posixpath.join(root, MANIFEST_NAME))
+    if not committed and not fs.exists(root):
         return None
     hint = f"pass --overwrite to replace it, or choose another {flag} folder"
-    if fs.exists(posixpath.join(root, MANIFEST_NAME)):
+    if committed:
         try:
             corpus = Corpus.open(url, storage_options)
         except CorpusError as exc:

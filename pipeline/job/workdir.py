@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.format import open_fs
+from pipeline.format.storage import is_local, naming
 from pipeline.job.datasets import Shuffled
 from pipeline.job.partfile import PartitionedWriter, read_destination
 
@@ -40,6 +41,10 @@ class WorkDir:
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
 
+    def _naming(self, relative: str, verb: str) -> contextlib.AbstractContextManager[None]:
+        """A store error on ``relative`` names it and the operation (``pipeline.format.storage.naming``)."""
+        return naming(f"{self.url.rstrip('/')}/{relative}", verb, is_local(self.fs))
+
     # -- atomic files ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def _atomic(self, relative: str) -> Iterator[Any]:
@@ -47,9 +52,10 @@ class WorkDir:
         target = self.path(relative)
         self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
         temporary = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
-        with self.fs.open(temporary, "wb") as handle:
-            yield handle
-        self.fs.mv(temporary, target)
+        with self._naming(relative, "write"):
+            with self.fs.open(temporary, "wb") as handle:
+                yield handle
+            self.fs.mv(temporary, target)
 
     def write_table(self, relative: str, table: pa.Table) -> None:
         """Write one Parquet file atomically (temp name, then rename)."""
@@ -78,7 +84,8 @@ class WorkDir:
     def read_json(self, relative: str) -> Any | None:
         """The record, or None when it was never completed."""
         try:
-            return json.loads(self.fs.cat_file(self.path(relative)))
+            with self._naming(relative, "read"):
+                return json.loads(self.fs.cat_file(self.path(relative)))
         except FileNotFoundError:
             return None
 
@@ -86,7 +93,7 @@ class WorkDir:
         return self.fs.exists(self.path(relative))
 
     def read_table(self, relative: str, columns: list[str] | None = None) -> pa.Table:
-        with self.fs.open(self.path(relative), "rb") as handle:
+        with self._naming(relative, "read"), self.fs.open(self.path(relative), "rb") as handle:
             return pq.read_table(handle, columns=columns)
 
     def remove(self, relative: str) -> None:
