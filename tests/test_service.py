@@ -328,7 +328,7 @@ def test_serves_an_index_and_exports_one_that_loads_back(tmp_path: Path) -> None
 
 
 def test_export_replaces_only_an_earlier_export(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """Exporting again replaces the earlier export (its index file goes after the commit); a folder
+    """Exporting again replaces the earlier export (its index file is retired after the commit); a folder
     holding a corpus or someone's files is refused before the index is even loaded."""
     import pyarrow as pa
 
@@ -337,6 +337,9 @@ def test_export_replaces_only_an_earlier_export(tmp_path: Path, capsys: pytest.C
     state, out = str(tmp_path / "state"), tmp_path / "out"
     for _ in range(2):
         assert main(["serve", "--state", state, "--export", str(out)]) == 0
+    # the earlier export's index and band file are retired, kept for its readers until gc removes them
+    assert len(list((out / "_index").iterdir())) == 4
+    assert main(["gc", str(out), "--now"]) == 0
     assert len(list((out / "_index").iterdir())) == 2  # one index file and its band file
     corpus = tmp_path / "corpus"
     writer = ShardWriter(str(corpus), CORPUS_SCHEMA)
