@@ -26,7 +26,7 @@ import fsspec
 
 from pipeline.format.lease import LEASE_NAME, as_seconds
 from pipeline.format.manifest import MANIFEST_NAME, Manifest, is_owned_file, manifest_extra_files
-from pipeline.format.storage import open_fs, write_whole
+from pipeline.format.storage import is_local, naming, open_fs, write_whole
 
 RETIRED_NAME = "_retired.json"
 GRACE_SECONDS = 24 * 3600.0  # a reader may hold a replaced manifest's files this long after the commit
@@ -54,7 +54,9 @@ def retire_unlisted(url: str, manifest: Manifest, storage_options: Mapping[str, 
     listed = {shard.path for shard in manifest.shards} | set(manifest_extra_files(manifest))
     listed |= {manifest.blocks_file["path"]} if manifest.blocks_file else set()
     unlisted: dict[str, int] = {}
-    for path, info in fs.find(root, detail=True).items():
+    with naming(url, "list", is_local(fs)):
+        found = fs.find(root, detail=True)
+    for path, info in found.items():
         relative = posixpath.relpath(path, root)
         if relative in _NEVER_RETIRED or relative in listed or relative.startswith(("_work/", LEASE_NAME)) \
                 or not is_owned_file(relative):

@@ -41,7 +41,7 @@ import fsspec
 from fsspec.asyn import sync
 
 from pipeline.format.errors import CorpusError
-from pipeline.format.storage import is_local, open_fs
+from pipeline.format.storage import is_local, naming, open_fs
 
 LEASE_NAME = "_lease.json"
 LEASE_SECONDS = 120.0  # a lease not renewed for this long holds no one: a crashed writer blocks no longer
@@ -286,6 +286,12 @@ class Lease:
     def acquire(self) -> None:
         """Take the lease. A live lease of another job: :class:`LeaseHeld`; of this same job (the same
         command run twice at once): wait until it is given back or lapses, then take it."""
+        with naming(self.location, "write", isinstance(self._store, _LocalStore)):
+            self._take()
+        self._renewer = threading.Thread(target=self._renew_until_released, name="gristmill-lease", daemon=True)
+        self._renewer.start()
+
+    def _take(self) -> None:
         announced = False
         while True:
             now = time.time()
@@ -311,8 +317,6 @@ class Lease:
                             holder.host, holder.pid)
                 announced = True
             time.sleep(WAIT_POLL_SECONDS)
-        self._renewer = threading.Thread(target=self._renew_until_released, name="gristmill-lease", daemon=True)
-        self._renewer.start()
 
     def _renew_until_released(self) -> None:
         while not self._stop.wait(RENEW_SECONDS):

@@ -50,10 +50,11 @@ _REQUESTS = {"read": "GET", "write": "PUT", "list": "LIST", "delete": "DELETE"}
 
 
 @contextlib.contextmanager
-def naming(location: str, verb: str, local: bool = False) -> Iterator[None]:
+def naming(location: str, verb: str, local: bool = False, request: str | None = None) -> Iterator[None]:
     """Re-raise an ``OSError`` that names no file as a :class:`StorageError` naming ``location`` and
-    ``verb``. Missing and existing files stay what they are (callers act on them), and so does an
-    error that already names its file."""
+    ``verb`` (and on an object store the request: ``request``, else the verb's usual one). Missing and
+    existing files stay what they are (callers act on them), and so does an error that already names
+    its file."""
     try:
         yield
     except (FileNotFoundError, FileExistsError, StorageError):
@@ -61,7 +62,8 @@ def naming(location: str, verb: str, local: bool = False) -> Iterator[None]:
     except OSError as exc:
         if exc.filename:
             raise
-        request = "" if local or verb not in _REQUESTS else f" ({_REQUESTS[verb]})"
-        error = StorageError(f"cannot {verb} {location}{request}: {exc.strerror or exc}")
+        request = request or _REQUESTS.get(verb)
+        shown = "" if local or not request else f" ({request})"
+        error = StorageError(f"cannot {verb} {location}{shown}: {exc.strerror or exc}")
         error.errno = exc.errno
         raise error from exc

@@ -77,7 +77,7 @@ def claim(url: str, fingerprint: str, overwrite: bool, flag: str,
     manifest, or files that are not this project's (a crashed run of ours leaves only files of ours).
     """
     fs, root = open_fs(url, storage_options)
-    with naming(f"{url.rstrip('/')}/{MANIFEST_NAME}", "read", is_local(fs)):
+    with naming(f"{url.rstrip('/')}/{MANIFEST_NAME}", "read", is_local(fs), "HEAD"):
         committed = fs.exists(root) and fs.exists(posixpath.join(root, MANIFEST_NAME))
     if not committed and not fs.exists(root):
         return None
