@@ -94,7 +94,6 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     ``on_stage(name)`` is called as each stage of ``job_stages(config)`` finishes or is found finished (resume);
     ``progress`` hears each stage begin and end and each of its tasks finish, for progress inside stages.
     """
-
     if min(1 if config.num_partitions is None else config.num_partitions, config.split_bytes,
            config.partition_bytes, config.spill_bytes, config.cc_rows_per_task) < 1:
         raise DedupError("num_partitions, split_bytes, partition_bytes, spill_bytes and cc_rows_per_task must be "
