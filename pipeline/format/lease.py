@@ -279,6 +279,7 @@ class Lease:
         self._lost: str | None = None
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        self._renewing = threading.Lock()  # the renewer thread and check() never swap at once
 
     def _holder_bytes(self, now: float) -> bytes:
         return Holder(socket.gethostname(), os.getpid(), self.job, self._token, now, now + LEASE_SECONDS).to_bytes()
@@ -324,23 +325,27 @@ class Lease:
 
     def renew(self) -> None:
         """Push the expiry forward; a lease found taken is marked lost (a store fault is retried next time)."""
-        if self._held is None or self._lost:
-            return
-        try:
-            renewed = self._store.swap(self._holder_bytes(time.time()), self._held)
-        except OSError as exc:
-            log.warning("could not renew the lease %s (%s); retrying in %d s", self.location, exc, RENEW_SECONDS)
-            return
-        if renewed is None:
-            seen = self._store.read()
-            holder = Holder.parse(seen.data) if seen else None
-            self._lost = (f"now held by {holder.describe(time.time())}" if holder
-                          else "the lease file is gone or is no longer a lease")
-        else:
-            self._held = renewed
+        with self._renewing:
+            if self._held is None or self._lost:
+                return
+            try:
+                renewed = self._store.swap(self._holder_bytes(time.time()), self._held)
+            except OSError as exc:
+                log.warning("could not renew the lease %s (%s); retrying in %d s", self.location, exc,
+                            RENEW_SECONDS)
+                return
+            if renewed is None:
+                seen = self._store.read()
+                holder = Holder.parse(seen.data) if seen else None
+                self._lost = (f"now held by {holder.describe(time.time())}" if holder
+                              else "the lease file is gone or is no longer a lease")
+            else:
+                self._held = renewed
 
     def check(self) -> None:
-        """Before a commit: :class:`LeaseLost` when another writer has taken the lease over."""
+        """Before a commit: renew now (a writer paused past its expiry learns it at once, not at its next
+        renewal), then :class:`LeaseLost` when another writer has taken the lease over."""
+        self.renew()
         if self._lost:
             raise LeaseLost(f"{self.url}: this job's lease lapsed and was taken over ({self._lost}); nothing "
                             "was committed, run the job again")
