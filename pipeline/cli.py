@@ -47,7 +47,8 @@ EXIT_STATUS = """exit status:
   1    finished, but produced nothing or failed its check: dedup kept no document because every
        input record was rejected (or there were none), crawl stored nothing, inspect --verify
        found a corrupt shard, clusters --show found no such cluster
-  2    usage or input error: a bad option, an input or corpus that cannot be read, a missing extra
+  2    usage or input error: a bad option, an input or corpus that cannot be read, a missing extra,
+       an output folder another job is writing, a store that fails a request (one line names it)
   130  interrupted (Ctrl-C); dedup and crawl resume where they stopped when run again
 """
 
