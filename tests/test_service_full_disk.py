@@ -122,3 +122,28 @@ def test_a_snapshot_that_does_not_fit_leaves_nothing_behind(tmp_path: Path) -> N
             assert len(service.index) == 200
         finally:
             service.close()
+
+
+def test_a_full_disk_under_a_shard_is_a_one_line_507(tmp_path: Path) -> None:
+    import ray
+
+    context = ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+                       log_to_driver=False)
+    try:
+        with small_disk(tmp_path / "state", "8m") as state:
+            server = start_server(state, "--shards", "2", "--ray-address", context.address_info["gcs_address"])
+            try:
+                assert add(server.url, 0, 32)[0] == 200
+                fill(state, "filler")
+                first = 32
+                while (answer := add(server.url, first, 4))[0] == 200:
+                    first += 4
+                status, refused = answer
+                assert status == 507, refused
+                # the shard's NoSpace as the front's own: one line naming the file, no Ray traceback
+                assert "/shard-" in refused["error"] and "\n" not in refused["error"], refused
+                assert DedupClient(server.url).check([text(0)])[0].exact_duplicate_of == "doc-0"
+            finally:
+                server.stop()
+    finally:
+        ray.shutdown()
