@@ -40,7 +40,7 @@ from pipeline.service.index import LiveIndex
 SNAPSHOT_FORMAT = 1
 ROWS_NAME = "rows.u64"
 LOG_NAME = "inserts.log"
-NEXT_SUFFIX = ".next"  # the next active log, made before a rotation
+NEXT_SUFFIX = ".next"  # the next active log, made before a rotation (and made anew by the next one)
 META_NAME = "meta.json"
 MAX_META_BYTES = 64 * 1024 * 1024
 READ_CHUNK = 16 * 1024 * 1024
@@ -96,13 +96,10 @@ def snapshot_path(folder: str, generation: int) -> str:
 
 
 def remove_uncommitted(folder: str) -> None:
-    """Snapshots a crash left half-written, and a next log made but not rotated in: never committed,
-    so nothing refers to them."""
+    """Snapshots a crash left half-written: never committed, so nothing refers to them."""
     for name in os.listdir(folder):
         if name.startswith("snapshot.") and name.endswith(".tmp"):
             shutil.rmtree(os.path.join(folder, name))
-        elif name == LOG_NAME + NEXT_SUFFIX:
-            os.remove(os.path.join(folder, name))
 
 
 def remove_before(folder: str, generation: int) -> None:
