@@ -215,7 +215,7 @@ class DiskCache:
         if not self._recounted:
             return self._scan(evict_to=None)
         try:
-            fd = os.open(os.path.join(self.directory, ".usage"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(os.path.join(self.directory, ".usage"), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO: no wait
             try:
                 text = os.read(fd, 32)
             finally:

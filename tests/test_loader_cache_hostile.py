@@ -93,3 +93,40 @@ def test_squatted_bookkeeping_names_mean_not_cached(squatted: list[str]) -> None
         assert cache.get("k") in (None, b"k" * BLOCK)
         cache.unpin("k")
         assert cache.put("other", b"o" * BLOCK) == (".usage" not in squatted and ".lock" not in squatted)
+
+
+@pytest.mark.timeout(60)
+def test_fifos_squatting_on_the_cache_names_are_never_waited_on(tmp_path: Path) -> None:
+    directory = str(tmp_path / "cache")
+    cache = DiskCache(directory, BOUND)
+    assert cache.put("first", b"f" * BLOCK)  # recounted once: from now on this cache reads .usage
+    os.remove(os.path.join(directory, ".usage"))
+    os.mkfifo(os.path.join(directory, ".usage"))
+    os.mkfifo(os.path.join(directory, "k.blk"))
+    assert cache.fetch("k", BLOCK, lambda: b"k" * BLOCK) == (b"k" * BLOCK, False)
+    assert DiskCache(directory, BOUND).put("other", b"o" * BLOCK)
+    assert cache.used_bytes == _bytes_of(directory, suffix=".blk")
+
+
+def test_without_locks_or_access_times_a_block_is_read_from_storage(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    import loaders.cache
+
+    cache = DiskCache(str(tmp_path / "cache"), BOUND)
+    assert cache.put("k", b"k" * BLOCK)
+
+    def refuse(*_: object) -> None:
+        raise OSError(errno.EROFS, "read-only file system")
+
+    monkeypatch.setattr(os, "utime", refuse)  # a read-only cache directory: a good block is still a hit
+    assert cache.fetch("k", BLOCK, lambda: b"wrong") == (b"k" * BLOCK, True)
+
+    def no_locks(*_: object) -> None:
+        raise OSError(errno.ENOLCK, "no locks available")
+
+    monkeypatch.setattr(loaders.cache.fcntl, "flock", no_locks)  # a file system without flock
+    assert cache.fetch("k", BLOCK, lambda: b"k" * BLOCK) == (b"k" * BLOCK, False)
+    assert cache.fetch("new", BLOCK, lambda: b"n" * BLOCK) == (b"n" * BLOCK, False)
+    assert not cache.put("new", b"n" * BLOCK)
