@@ -88,9 +88,7 @@ def _process_main(run: Callable[[], dict[str, Any]], results: Connection, lifeli
     if coordinators_end is not None:
         coordinators_end.close()  # a fork's copy: the lifeline ends when the coordinator's own does
     threading.Thread(target=_stop_when_orphaned, args=(lifeline,), name="gristmill-lifeline", daemon=True).start()
-    summary = run()
-    with contextlib.suppress(OSError):  # the coordinator is gone: nobody to tell
-        results.send(summary)
+    results.send(run())
 
 
 def _stop_when_orphaned(lifeline: Connection) -> None:

@@ -7,6 +7,7 @@ SIGKILLed mid-crawl is restarted from its frontier, and a re-run adds nothing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -237,3 +238,46 @@ def test_a_crawl_beside_a_live_one_is_refused_naming_it(tmp_path: Path, partitio
         held.close()
     assert result.returncode == 2, result.stderr
     assert f"in use by process {os.getpid()} on " in result.stderr and "Traceback" not in result.stderr
+
+
+HANGING_RUNNER = """
+import json, sys
+from crawlers import crawl
+seeds, out = json.loads(sys.argv[1])
+crawl(seeds, out, allow_networks=["127.0.0.0/8"], min_delay=0.0, adaptive=False, extract=False, partitions=2,
+      read_timeout=600.0, total_timeout=600.0, progress_interval=60.0)
+"""
+
+
+def test_an_orphaned_partition_stuck_in_a_fetch_still_goes(tmp_path: Path) -> None:
+    from test_crawl_support import ServerThread, Site
+
+    servers = ServerThread()
+    site = Site()
+
+    async def hang(request: web.Request) -> web.StreamResponse:
+        await asyncio.Event().wait()  # a response that never comes: a graceful stop would wait for it
+        raise AssertionError("unreachable")
+
+    site.default = hang
+    site.page("/robots.txt", "User-agent: *\nAllow: /\n", content_type="text/plain")
+    site.article("/", "Home", ["/stuck"])
+    servers.start(site)
+    out = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, "-c", HANGING_RUNNER, json.dumps([[site.url("/")], str(out)])],
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (site.in_flight == 0 or None in (_partition_pid(out, 0), _partition_pid(out, 1))) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert site.in_flight and process.poll() is None, "no fetch hung before the kill"
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 60  # far below the fetch's 600 s timeout
+        while _session(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _session(process.pid), f"processes outlived their coordinator: {_session(process.pid)}"
+    finally:
+        kill_session(process.pid)
+        servers.stop()

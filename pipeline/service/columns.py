@@ -19,7 +19,6 @@ piece and answers the same either way.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import threading
@@ -290,19 +289,17 @@ class RowStore:
 
     def reserve(self, rows: int) -> None:
         """Blocks for ``rows`` rows, grown in steps of an eighth so appends stay amortised O(1); when a
-        step does not fit (disk full, a file size limit) exactly ``rows``; OSError if even that fails,
-        with the file as it was."""
+        step does not fit (disk full, a file size limit) exactly ``rows``; OSError if even that fails.
+        A file longer than its mapping (what a failed allocation may leave) is harmless: rows past
+        the mapping are never read."""
         if rows <= self.backed:
             return
         step = self.capacity() if rows <= self.capacity() else self.capacity() + max(self.GROW_ROWS, self.capacity() // 8)
-        size = os.fstat(self._fd).st_size
         for target in (max(rows, step), rows):
             try:
                 os.posix_fallocate(self._fd, self.backed * self.row_bytes, (target - self.backed) * self.row_bytes)
                 break
             except OSError:
-                with contextlib.suppress(OSError):  # give back what a failed allocation took
-                    os.ftruncate(self._fd, max(size, self.capacity() * self.row_bytes))
                 if target == rows:
                     raise
         self.backed = target
