@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from .locks import LOCK_WAIT_S, hold
+
 QUEUED, DONE, PARKED = 0, 1, 2
 KIND_PAGE, KIND_SITEMAP = 0, 1
 
@@ -99,10 +101,16 @@ class _Store:
 
 
 class Frontier(_Store):
-    """SQLite-backed queue and seen set; all writes happen inside :meth:`transaction`."""
+    """SQLite-backed queue and seen set; all writes happen inside :meth:`transaction`.
 
-    def __init__(self, path: str, synchronous: str = "NORMAL", cache_mib: int = 16) -> None:
+    One process owns a frontier (``<path>.lock``, :func:`crawlers.locks.hold`): a second crawler on
+    it waits for the first to end, then gets :class:`crawlers.locks.StateInUse` naming it.
+    """
+
+    def __init__(self, path: str, synchronous: str = "NORMAL", cache_mib: int = 16,
+                 lock_wait_s: float = LOCK_WAIT_S) -> None:
         self.path = path
+        self._owner = hold(path + ".lock", lock_wait_s)  # released with the object, should opening fail
         super().__init__(path, synchronous)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA cache_size=-{int(cache_mib) * 1024}")
@@ -113,6 +121,13 @@ class Frontier(_Store):
         self._recent: set[str] = set()  # URLs known to be in the table: repeated links skip SQLite
         self._sent: set[str] = set()  # URLs recently handed to another partition: repeats skip SQLite
         self._count_existing_outcomes()
+
+    def close(self) -> None:
+        """Close the database, then let the next owner in."""
+        try:
+            super().close()
+        finally:
+            self._owner.close()
 
     # -- hosts ---------------------------------------------------------------------------------
     def _host(self, origin: str) -> list[int] | None:

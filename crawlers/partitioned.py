@@ -6,10 +6,19 @@ with no coordination between them. The coordinator here only starts them, restar
 (it resumes from its own frontier), publishes one manifest from their segments, and decides when
 the crawl is over: every live partition idle, twice in a row with the same epochs, and no file of
 links waiting for any of them.
+
+Why partitions die with their coordinator: the coordinator alone publishes the manifest and restarts
+partitions; after ``kill -9`` of it, partitions that ran on went on storing pages that a rerun's new
+partitions fetched again from the same frontiers. Each partition watches a pipe only the coordinator
+holds open (EOF: it is gone) and then stops as on SIGTERM, or exits after :data:`ORPHAN_GRACE_S`.
+Each frontier has one owner (:mod:`crawlers.locks`), and so has the crawl's state folder (the
+coordinator, and forked partitions inherit its lock): a rerun waits for a dying run's processes to
+go, and refuses to run beside a live one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing
@@ -25,6 +34,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from .commits import publish_due, publish_segments
+from .locks import hold
 from .oracle import DuplicateOracle
 from .partitions import LAYOUT_FILE, Partition, deal, read_json, read_layout, waiting_files, write_json
 from .progress import is_report, merged_report
@@ -33,6 +43,8 @@ log = logging.getLogger("gristmill.crawl")
 POLL_S = 0.1
 HEARTBEAT_S = 3.0  # an idle partition rewrites its status every 0.5 s; older than this, it is not idle
 MAX_RESTARTS = 3
+ORPHAN_GRACE_S = 5.0  # an orphaned partition stops gracefully within this, or exits (its frontier is crash-safe)
+COORDINATOR_LOCK = "coordinator.lock"
 
 
 def run_partition(seeds: list[str], output: str, config: Any, partition: Partition,
@@ -67,12 +79,27 @@ class PartitionLauncher(Protocol):
     def close(self) -> None: ...
 
 
-def _process_main(run: Callable[[], dict[str, Any]], results: Connection) -> None:
+def _process_main(run: Callable[[], dict[str, Any]], results: Connection, lifeline: Connection,
+                  coordinators_end: Connection | None) -> None:
     # A forked partition inherits the coordinator's handlers; until its event loop installs its own,
     # a signal acts as in a fresh interpreter.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if coordinators_end is not None:
+        coordinators_end.close()  # a fork's copy: the lifeline ends when the coordinator's own does
+    threading.Thread(target=_stop_when_orphaned, args=(lifeline,), name="gristmill-lifeline", daemon=True).start()
     results.send(run())
+
+
+def _stop_when_orphaned(lifeline: Connection) -> None:
+    """Wait for the coordinator to go (EOF on the lifeline), then stop as on SIGTERM, and exit for
+    good if that takes longer than :data:`ORPHAN_GRACE_S`."""
+    with contextlib.suppress(EOFError, OSError):
+        lifeline.recv_bytes()
+    log.warning("the coordinator is gone; stopping this partition")
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(ORPHAN_GRACE_S)
+    os._exit(1)
 
 
 class ProcessLauncher:
@@ -91,13 +118,20 @@ class ProcessLauncher:
 
     def __init__(self) -> None:
         self.processes: dict[int, tuple[Any, Connection]] = {}
+        # never written: a partition reads EOF from it once this process, the only holder of the
+        # writing end, is gone (see the module doc)
+        self.lifeline = multiprocessing.Pipe(duplex=False)
 
     def start(self, index: int, run: Callable[[], dict[str, Any]]) -> None:
         context = multiprocessing.get_context("fork" if threading.active_count() == 1 else "forkserver")
-        if context.get_start_method() == "forkserver":
+        forked = context.get_start_method() == "fork"
+        if not forked:
             context.set_forkserver_preload(["crawlers._partition_preload"])
         receive, send = context.Pipe(duplex=False)
-        process = context.Process(target=_process_main, args=(run, send), name=f"gristmill-crawl-p{index}")
+        watch, held = self.lifeline
+        # a fork inherits the writing end and must close it; the fork server passes only what it is given
+        process = context.Process(target=_process_main, args=(run, send, watch, held if forked else None),
+                                  name=f"gristmill-crawl-p{index}")
         process.start()
         send.close()
         self.processes[index] = (process, receive)
@@ -131,6 +165,8 @@ class ProcessLauncher:
             process.terminate()
             process.join()
         self.processes.clear()
+        for end in self.lifeline:
+            end.close()
 
 
 def state_root(output: str, state_dir: str | None) -> str:
@@ -176,6 +212,7 @@ class Coordinator:
         self.root = state_root(output, config.state_dir)
         check_partitions(self.root, config.partitions)
         os.makedirs(self.root, exist_ok=True)
+        self._owner = hold(os.path.join(self.root, COORDINATOR_LOCK))  # StateInUse while another run lives
         layout = read_layout(self.root)
         dealt = deal(seeds, config.partitions, layout["dealt"] if layout is not None else None)
         write_json(os.path.join(self.root, LAYOUT_FILE), {"partitions": config.partitions, "dealt": dealt})
@@ -228,7 +265,10 @@ class Coordinator:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.launcher.close()
-        self._publish(force=True)
+        try:
+            self._publish(force=True)
+        finally:
+            self._owner.close()
         return self._summary(time.monotonic() - started), self.received
 
     def _collect(self) -> None:

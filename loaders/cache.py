@@ -14,10 +14,18 @@ process held can wedge the others:
   written, so the bound holds even for a writer killed half way). When a block would not fit, the
   least recently used ``.blk`` files are removed, down to 90% of the bound, skipping every file some
   process holds a shared lock on; if only those remain the new block is simply not cached.
+* ``.tmp-<bytes>-<id>``: a block being written, locked by its writer for as long as it writes; its
+  reservation counts only while that lock is held, so a name nobody holds (a stray file, a dead
+  writer's) reserves nothing and is removed by the next recount.
+
+The cache is an optimisation, never a source of errors: a full disk, a directory that refuses a
+file, or bookkeeping that is unreadable or out of range makes a block "not cached" (the caller reads
+it from storage), and ``.usage`` is re-derived from the files whenever it cannot be trusted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
@@ -28,6 +36,7 @@ import xxhash
 
 DIGEST_BYTES = 16
 LOW_WATER = 0.9  # an eviction pass frees down to this share of the bound, so passes are rare
+TEMPORARY = ".tmp-"  # the prefix of files being written
 BOOKKEEPING_BYTES = 64  # the usage file (and its replacement while written) counts against the bound too
 
 
@@ -42,6 +51,7 @@ class DiskCache:
         self._lock = threading.Lock()
         self._pins: dict[str, int] = {}
         self._held: dict[str, int] = {}  # pinned key -> descriptor holding a shared lock on its file
+        self._recounted = False  # this process recounts once before trusting ``.usage``
 
     # -- paths and locks ---------------------------------------------------------------------------
     def _path(self, key: str) -> str:
@@ -50,14 +60,17 @@ class DiskCache:
     def _open_locked(self, key: str) -> int | None:
         """A descriptor on the block's file holding a shared lock, or None when there is no such file."""
         try:
-            fd = os.open(self._path(key), os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:  # absent, or a symbolic link someone put there
             return None
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        if os.fstat(fd).st_nlink == 0:  # evicted between open and lock: its space is about to be freed
-            os.close(fd)
-            return None
-        return fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if os.fstat(fd).st_nlink:
+                return fd
+        except OSError:  # a file system without locks
+            pass
+        os.close(fd)  # evicted between open and lock: its space is about to be freed
+        return None
 
     def _exclusive(self, path: str) -> int:
         """An exclusive lock on ``path`` (created if needed), retried until the file locked is the one there."""
@@ -85,7 +98,8 @@ class DiskCache:
             if len(payload) < DIGEST_BYTES or (size is not None and len(data) != size) \
                     or _digest(key, data) != digest:
                 return None
-            os.utime(fd)  # recency for eviction
+            with contextlib.suppress(OSError):  # a read-only directory: the block is still good
+                os.utime(fd)  # recency for eviction
             with self._lock:
                 keep = key in self._pins and key not in self._held
                 if keep:
@@ -124,7 +138,10 @@ class DiskCache:
         if size + DIGEST_BYTES > self._capacity:
             return download(), False
         lock_path = os.path.join(self.directory, f".dl-{key}")
-        fd = self._exclusive(lock_path)
+        try:
+            fd = self._exclusive(lock_path)
+        except OSError:  # the directory refuses even a lock file: not cached
+            return download(), False
         try:
             data = self._read(key, size)
             if data is not None:
@@ -134,7 +151,7 @@ class DiskCache:
             self._hold(key)
             return data, False
         finally:
-            os.unlink(lock_path)
+            _remove(lock_path)
             os.close(fd)
 
     # -- pins -----------------------------------------------------------------------------------------
@@ -162,19 +179,25 @@ class DiskCache:
         size = len(data) + DIGEST_BYTES
         if size > self._capacity:
             return False
-        if not self._reserve(size):
-            return False
-        temporary = os.path.join(self.directory, f".tmp-{os.getpid()}-{size}-{uuid.uuid4().hex}")
+        temporary = os.path.join(self.directory, f"{TEMPORARY}{size}-{uuid.uuid4().hex}")
         try:
-            with open(temporary, "wb") as handle:
+            fd = self._reserve(size, temporary)
+        except OSError:  # a full disk, or a directory that refuses the bookkeeping
+            return False
+        if fd is None:
+            return False
+        try:
+            with open(fd, "wb", closefd=False) as handle:
                 handle.write(data)
                 handle.write(_digest(key, data))
             os.replace(temporary, self._path(key))
-        except OSError:  # a full disk, or a directory squatting on the block's name
+            return True
+        except OSError:  # a full disk, a directory squatting on the block's name, unusable bookkeeping
             self._release(size)
-            _remove(temporary)
             return False
-        return True
+        finally:
+            _remove(temporary)  # gone already once renamed into place
+            os.close(fd)
 
     @property
     def used_bytes(self) -> int:
@@ -186,36 +209,65 @@ class DiskCache:
             os.close(fd)
 
     def _usage(self) -> int:
-        try:
-            with open(os.path.join(self.directory, ".usage"), "rb") as handle:
-                text = handle.read()
-            return int(text)
-        except (FileNotFoundError, ValueError):
+        """The bytes in use as ``.usage`` records them, or recounted from the files when that record is
+        missing, unreadable or out of range (negative, above the bound, not a number), and once by
+        each cache object before it trusts the record at all (a value in range may still be stale)."""
+        if not self._recounted:
             return self._scan(evict_to=None)
+        try:
+            fd = os.open(os.path.join(self.directory, ".usage"), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO: no wait
+            try:
+                text = os.read(fd, 32)
+            finally:
+                os.close(fd)
+            if text.isdigit() and int(text) <= self._capacity:
+                return int(text)
+        except OSError:
+            pass
+        return self._scan(evict_to=None)
 
     def _set_usage(self, used: int) -> None:
-        temporary = os.path.join(self.directory, f".tmp-usage-{os.getpid()}")
-        with open(temporary, "w") as handle:
-            handle.write(str(used))
-        os.replace(temporary, os.path.join(self.directory, ".usage"))
+        temporary = os.path.join(self.directory, f"{TEMPORARY}usage-{os.getpid()}")
+        try:
+            with open(temporary, "w") as handle:
+                handle.write(str(used))
+            os.replace(temporary, os.path.join(self.directory, ".usage"))
+        except OSError:
+            _remove(temporary)
+            raise
 
-    def _reserve(self, size: int) -> bool:
-        fd = self._exclusive(os.path.join(self.directory, ".lock"))
+    def _reserve(self, size: int, temporary: str) -> int | None:
+        """Room for ``size`` bytes, taken under the directory lock together with ``temporary``, created
+        and locked (so a recount sees both or neither); its descriptor, or None when it does not fit."""
+        lock = self._exclusive(os.path.join(self.directory, ".lock"))
         try:
             used = self._usage()
             if used + size > self._capacity:
                 used = self._scan(evict_to=int(self._capacity * LOW_WATER) - size)
             if used + size > self._capacity:
-                return False
-            self._set_usage(used + size)
-            return True
+                return None
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held while writing: the reservation counts while it is
+                self._set_usage(used + size)
+            except OSError:
+                os.close(fd)
+                _remove(temporary)
+                raise
+            return fd
         finally:
-            os.close(fd)
+            os.close(lock)
 
     def _release(self, size: int) -> None:
-        fd = self._exclusive(os.path.join(self.directory, ".lock"))
+        """Give back a reservation; if even that fails, ``.usage`` overstates, which the next recount mends."""
+        try:
+            fd = self._exclusive(os.path.join(self.directory, ".lock"))
+        except OSError:
+            return
         try:
             self._set_usage(max(0, self._usage() - size))
+        except OSError:
+            pass
         finally:
             os.close(fd)
 
@@ -225,15 +277,14 @@ class DiskCache:
         blocks, used = [], 0
         for entry in os.scandir(self.directory):
             name = entry.name
-            if name.startswith(".tmp-"):
-                pid, size = _temporary_owner(name)
-                if pid is not None and _alive(pid):
-                    used += size
-                else:
-                    _remove(entry.path)
+            if not entry.is_file(follow_symlinks=False):
+                continue  # not a file this cache writes: neither counted nor touched
+            if name.startswith(TEMPORARY):
+                if not _remove_unlocked(entry.path):  # a writer at work: what it reserved, at most the bound
+                    used += min(_reserved(name), self._capacity)
             elif name.startswith(".dl-"):
                 _remove_unlocked(entry.path)
-            elif name.endswith(".blk") and entry.is_file(follow_symlinks=False):
+            elif name.endswith(".blk"):
                 stat = entry.stat(follow_symlinks=False)
                 blocks.append((stat.st_mtime_ns, entry.path, stat.st_size))
                 used += stat.st_size
@@ -243,7 +294,9 @@ class DiskCache:
                     break
                 if _remove_unlocked(path):
                     used -= size
-        self._set_usage(used)
+        with contextlib.suppress(OSError):  # a full disk: the count stands, the record waits for room
+            self._set_usage(used)
+            self._recounted = True
         return used
 
 
@@ -254,22 +307,10 @@ def _digest(key: str, data: bytes) -> bytes:
     return hasher.digest()
 
 
-def _temporary_owner(name: str) -> tuple[int | None, int]:
-    """(pid, reserved bytes) from ``.tmp-<pid>-<bytes>-<uuid>``; (None, 0) for a name not of that form."""
-    parts = name.split("-")
-    if len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit():
-        return int(parts[1]), int(parts[2])
-    return None, 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _reserved(name: str) -> int:
+    """The bytes a block being written reserved, from its name ``.tmp-<bytes>-<id>``; 0 for another form."""
+    parts = name[len(TEMPORARY) :].split("-")
+    return int(parts[0]) if len(parts) == 2 and parts[0].isdigit() else 0
 
 
 def _remove(path: str) -> None:

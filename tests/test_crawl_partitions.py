@@ -7,6 +7,7 @@ SIGKILLed mid-crawl is restarted from its frontier, and a re-run adds nothing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -182,3 +183,101 @@ def test_another_number_of_partitions_is_refused_on_resume(tmp_path: Path, befor
     result = subprocess.run(command, input="http://a.test/\n", capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert result.returncode == 2
     assert f"with {before} partition" in result.stderr and f"not {now}" in result.stderr
+
+
+def _session(session_id: int) -> list[int]:
+    """The processes still in session ``session_id``."""
+    listing = subprocess.run(["ps", "-eo", "pid=,sid=,stat="], capture_output=True, text=True).stdout
+    return [int(pid) for pid, sid, stat in (line.split() for line in listing.splitlines())
+            if int(sid) == session_id and not stat.startswith("Z")]
+
+
+def test_partitions_die_with_their_coordinator_and_a_rerun_stores_each_page_once(
+        site: TimedDemoSite, single: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argument = json.dumps([site.seeds, str(out), site.host_map])
+    hits_before = len(site.hits)
+    process = subprocess.Popen([sys.executable, "-c", RUNNER, argument], cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (len(site.hits) < hits_before + 30 or None in (_partition_pid(out, 0), _partition_pid(out, 1))) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        partitions = [_partition_pid(out, 0), _partition_pid(out, 1)]
+        assert None not in partitions and process.poll() is None, "the crawl ended before the kill"
+        process.kill()  # kill -9 of the coordinator: nothing of it runs to tell its partitions
+        process.wait()
+        deadline = time.monotonic() + 60  # only so orphans that run on fail the test instead of hanging it
+        while _session(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _session(process.pid), f"processes outlived their coordinator: {_session(process.pid)}"
+    finally:
+        kill_session(process.pid)
+    rerun = crawl(site.seeds, str(out), allow_networks=["127.0.0.0/8"], host_map=site.host_map, min_delay=0.02,
+                  extract=False, partitions=2, progress_interval=60.0)
+    stored = stored_urls(out)
+    assert rerun.documents == len(stored)
+    assert len(stored) == len(set(stored)), "a URL was stored twice"
+    assert set(stored) == set(single)
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_crawl_beside_a_live_one_is_refused_naming_it(tmp_path: Path, partitions: int) -> None:
+    from crawlers.locks import hold
+
+    state = tmp_path / "out" / ".crawl"
+    state.mkdir(parents=True)
+    held = hold(str(state / ("frontier.sqlite.lock" if partitions == 1 else "coordinator.lock")))
+    try:
+        command = [sys.executable, "-m", "pipeline.cli", "crawl", "-", "-o", str(tmp_path / "out"),
+                   "--partitions", str(partitions), "--quiet"]
+        result = subprocess.run(command, input="http://a.test/\n", capture_output=True, text=True, cwd=ROOT,
+                                timeout=120)
+    finally:
+        held.close()
+    assert result.returncode == 2, result.stderr
+    assert f"in use by process {os.getpid()} on " in result.stderr and "Traceback" not in result.stderr
+
+
+HANGING_RUNNER = """
+import json, sys
+from crawlers import crawl
+seeds, out = json.loads(sys.argv[1])
+crawl(seeds, out, allow_networks=["127.0.0.0/8"], min_delay=0.0, adaptive=False, extract=False, partitions=2,
+      read_timeout=600.0, total_timeout=600.0, progress_interval=60.0)
+"""
+
+
+def test_an_orphaned_partition_stuck_in_a_fetch_still_goes(tmp_path: Path) -> None:
+    from test_crawl_support import ServerThread, Site
+
+    servers = ServerThread()
+    site = Site()
+
+    async def hang(request: web.Request) -> web.StreamResponse:
+        await asyncio.Event().wait()  # a response that never comes: a graceful stop would wait for it
+        raise AssertionError("unreachable")
+
+    site.default = hang
+    site.page("/robots.txt", "User-agent: *\nAllow: /\n", content_type="text/plain")
+    site.article("/", "Home", ["/stuck"])
+    servers.start(site)
+    out = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, "-c", HANGING_RUNNER, json.dumps([[site.url("/")], str(out)])],
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (site.in_flight == 0 or None in (_partition_pid(out, 0), _partition_pid(out, 1))) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert site.in_flight and process.poll() is None, "no fetch hung before the kill"
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 60  # far below the fetch's 600 s timeout
+        while _session(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _session(process.pid), f"processes outlived their coordinator: {_session(process.pid)}"
+    finally:
+        kill_session(process.pid)
+        servers.stop()

@@ -161,14 +161,14 @@ def test_a_failed_log_append_inserts_nothing(tmp_path: Path) -> None:
             for i in range(100):
                 client.add([(f"doc-{i}", text(i))])
                 acked.append(i)
-        assert refused.value.status == 503 and "nothing of this request was inserted" in refused.value.reason
+        assert refused.value.status == 507 and "inserts.log: cannot append" in refused.value.reason
         assert 0 < len(acked) < 100
         size = (state / "inserts.log").stat().st_size
         stats = client.stats()
         assert stats["documents"] == stats["added"] == len(acked) and stats["log_bytes"] == size
         [refused_doc] = client.check([text(len(acked))])
         assert refused_doc.new  # the document whose record did not fit is not in the index
-        with pytest.raises(ServiceError, match="503"):
+        with pytest.raises(ServiceError, match="507"):
             client.add([("again", text(len(acked)))])
         assert (state / "inserts.log").stat().st_size == size  # the partial write was cut back off
     finally:

@@ -123,6 +123,7 @@ def read_seeds(path: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from crawlers.crawler import crawl
+    from crawlers.locks import StateInUse
     from crawlers.output import check_output_folder
     from crawlers.partitioned import check_partitions, state_root
     from pipeline.service.oracle import ServiceOracle
@@ -159,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = crawl(seeds, args.output, config, oracle=oracle, launcher=launcher,
                         on_progress=progress.show if progress else None)
+    except StateInUse as exc:  # another crawl owns this output's state
+        print(f"gristmill crawl: {exc}", file=sys.stderr)
+        return 2
     finally:
         if progress is not None:
             progress.close(summary)

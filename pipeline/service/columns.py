@@ -258,6 +258,10 @@ class RowStore:
     crash may leave this file's tail stale, and a restart rewrites the rows after its snapshot.
     A mapping is never closed while in use: growing maps the file anew, and an old mapping goes
     when the last array viewing it does.
+
+    Every row is given disk blocks (``posix_fallocate``) before it is written: a store through a
+    mapping onto a hole that the disk has no block for is SIGBUS, which kills the process, while an
+    allocation that does not fit is an ``OSError`` (ENOSPC) the caller can refuse the insert with.
     """
 
     GROW_ROWS = 1024
@@ -266,9 +270,10 @@ class RowStore:
         self.path = path
         self.width = width
         self.count = 0
-        self._file = open(path, "a+b")  # noqa: SIM115 - held open for the index's life
+        self.backed = 0  # rows known to have their blocks: an older file may be sparse
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # held open for the index's life
         self.rows = np.zeros((0, width), np.uint64)
-        self._map(os.fstat(self._file.fileno()).st_size // self.row_bytes)
+        self._map(os.fstat(self._fd).st_size // self.row_bytes)
 
     @property
     def row_bytes(self) -> int:
@@ -279,22 +284,27 @@ class RowStore:
 
     def _map(self, rows: int) -> None:
         if rows:
-            mapping = mmap.mmap(self._file.fileno(), rows * self.row_bytes)
+            mapping = mmap.mmap(self._fd, rows * self.row_bytes)
             self.rows = np.frombuffer(mapping, np.uint64).reshape(rows, self.width)
 
     def reserve(self, rows: int) -> None:
-        """Room for ``rows`` rows, grown in steps of an eighth so appends stay amortised O(1); when a
-        step does not fit (disk full, a file size limit) exactly ``rows``; OSError if even that fails."""
-        if rows <= self.capacity():
+        """Blocks for ``rows`` rows, grown in steps of an eighth so appends stay amortised O(1); when a
+        step does not fit (disk full, a file size limit) exactly ``rows``; OSError if even that fails.
+        A file longer than its mapping (what a failed allocation may leave) is harmless: rows past
+        the mapping are never read."""
+        if rows <= self.backed:
             return
-        for target in (max(rows, self.capacity() + max(self.GROW_ROWS, self.capacity() // 8)), rows):
+        step = self.capacity() if rows <= self.capacity() else self.capacity() + max(self.GROW_ROWS, self.capacity() // 8)
+        for target in (max(rows, step), rows):
             try:
-                os.ftruncate(self._file.fileno(), target * self.row_bytes)
+                os.posix_fallocate(self._fd, self.backed * self.row_bytes, (target - self.backed) * self.row_bytes)
                 break
             except OSError:
                 if target == rows:
                     raise
-        self._map(target)
+        self.backed = target
+        if target > self.capacity():
+            self._map(target)
 
     def append(self, block: np.ndarray) -> None:
         """Write rows after the last one."""
@@ -308,11 +318,11 @@ class RowStore:
 
     def flush(self) -> None:
         """Make every row written so far durable (a shared mapping's pages are the file's pages)."""
-        os.fsync(self._file.fileno())
+        os.fsync(self._fd)
 
     def close(self) -> None:
         self.rows = np.zeros((0, self.width), np.uint64)
-        self._file.close()
+        os.close(self._fd)
 
 
 def return_freed_memory() -> None:

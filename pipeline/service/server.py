@@ -51,6 +51,7 @@ from pipeline.service.columns import ROW_HEAD, RowStore
 from pipeline.service.index import LiveIndex, load_corpus_index
 from pipeline.service.snapshot import (
     LOG_NAME,
+    NEXT_SUFFIX,
     ROWS_NAME,
     SnapshotView,
     StateError,
@@ -98,6 +99,20 @@ _RECORD_HEAD = struct.Struct("<IQ")  # payload length, xxh3-64 of the payload
 
 class LogError(Exception):
     """The insert log cannot be used; the message names the file."""
+
+
+class NoSpace(LogError):
+    """A file of the state folder cannot grow (disk full, quota, file size limit): the add is refused
+    (507) and nothing of it inserted, while checks go on being answered; the message names the file."""
+
+
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def storage_error(path: str, what: str, exc: OSError) -> LogError:
+    """``exc`` met while ``what`` on ``path``: :class:`NoSpace` when the disk (or a limit) is full."""
+    kind = NoSpace if exc.errno in NO_SPACE else LogError
+    return kind(f"{path}: cannot {what} ({exc})")
 
 
 @dataclass(frozen=True)
@@ -225,7 +240,7 @@ class InsertLog:
                     done += step
             except OSError as exc:
                 self._cut_back()
-                raise LogError(f"{self.path}: cannot append {len(records)} records ({exc})") from exc
+                raise storage_error(self.path, f"append {len(records)} records", exc) from exc
             self.written += len(payload)
         return self.written
 
@@ -475,11 +490,12 @@ class DedupService:
             active = os.path.join(self.state, LOG_NAME)
             sealed = self.log
             sealed.sync_now()  # a check answered from the new log may rely on any record of this one
+            fresh = self._fresh_log(active + NEXT_SUFFIX)  # before the rotation: a full disk changes nothing
             os.rename(active, sealed_log_path(self.state, generation))
+            os.rename(fresh.path, active)
             fsync_dir(self.state)
-            self.log = InsertLog(active, self.params)
-            for _ in self.log.replay():
-                raise LogError(f"{active}: a new log already holds records")
+            fresh.path = active
+            self.log = fresh
             self.generation = generation
             self.index.freeze()
             todo = (self.index.bands.recent[1], self.index.exact.recent[1])
@@ -495,6 +511,20 @@ class DedupService:
                 sealed.close()
         finally:
             self._compacting = False
+
+    def _fresh_log(self, path: str) -> InsertLog:
+        """A new, empty insert log at ``path`` (its header durable); nothing left there if it fails."""
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)  # a crash between making one and the rotation
+        fresh = InsertLog(path, self.params)
+        try:
+            list(fresh.replay())  # writes the header
+        except OSError as exc:
+            fresh.close()
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            raise storage_error(path, "start a new insert log", exc) from exc
+        return fresh
 
     def _write_snapshot(self, view: SnapshotView, todo: tuple[Any, Any]) -> list[list[Any]]:
         self.index.bands.sort_frozen(todo[0])
@@ -554,7 +584,7 @@ class DedupService:
         try:
             self.index.rows.reserve(len(self.index) + count)
         except OSError as exc:
-            raise LogError(f"{self.index.rows.path}: cannot grow for {count} documents ({exc})") from exc
+            raise storage_error(self.index.rows.path, f"grow for {count} documents", exc) from exc
 
     def _append_or_undo(self, before: int, records: Sequence[LogRecord]) -> int:
         try:
@@ -773,9 +803,12 @@ def make_app(
         except Unavailable as exc:
             log.warning("%s %s: %s", request.method, request.path, exc)
             return _error(503, str(exc))
+        except NoSpace as exc:
+            log.error("%s %s: %s", request.method, request.path, exc)
+            return _error(507, f"{exc}; nothing of this request was inserted, checks are still answered")
         except LogError as exc:
             log.error("%s %s: %s", request.method, request.path, exc)
-            return _error(503, "the insert log cannot be written, so nothing of this request was inserted")
+            return _error(503, f"{exc}; nothing of this request was inserted")
         except ConnectionError:
             raise  # the client went away: nobody to answer
         except Exception:

@@ -37,6 +37,7 @@ from pipeline.service.server import (
     DedupService,
     Doc,
     Fingerprints,
+    LogError,
     LogRecord,
     StateError,
     Unavailable,
@@ -141,6 +142,10 @@ class ShardedService:
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             raise Unavailable(f"a shard is unavailable ({type(exc).__name__}); nothing of this request was "
                               "acknowledged; retry shortly") from None
+        except ray.exceptions.RayTaskError as exc:  # a shard's own error (a full disk: NoSpace), without Ray's traceback
+            if isinstance(exc.cause, LogError):
+                raise exc.cause from None
+            raise
 
     async def _lookup(self, prints: Fingerprints) -> list[tuple[str | None, list[tuple[str, float]]]]:
         answers = await self._call("lookup", [(prints.digests, prints.signatures, prints.bands)] * len(self.shards))

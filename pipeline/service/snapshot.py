@@ -40,6 +40,7 @@ from pipeline.service.index import LiveIndex
 SNAPSHOT_FORMAT = 1
 ROWS_NAME = "rows.u64"
 LOG_NAME = "inserts.log"
+NEXT_SUFFIX = ".next"  # the next active log, made before a rotation (and made anew by the next one)
 META_NAME = "meta.json"
 MAX_META_BYTES = 64 * 1024 * 1024
 READ_CHUNK = 16 * 1024 * 1024
@@ -176,6 +177,18 @@ def write_snapshot(folder: str, view: SnapshotView, bands: KeyTable, exact: KeyT
     tmp = final + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    try:
+        _write_pieces(tmp, view, bands, exact, segments)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk: give the space back, the old snapshot stands
+        raise
+    os.rename(tmp, final)
+    fsync_dir(folder)
+    return segments
+
+
+def _write_pieces(tmp: str, view: SnapshotView, bands: KeyTable, exact: KeyTable, segments: list[list[Any]]) -> None:
+    """Every file of a snapshot into ``tmp``, fsynced, ``meta.json`` last."""
     files: dict[str, Any] = {}
     pieces: dict[str, list[int]] = {}
     for name, table in zip(TABLES, (bands, exact), strict=True):
@@ -198,9 +211,6 @@ def write_snapshot(folder: str, view: SnapshotView, bands: KeyTable, exact: KeyT
     out.write(json.dumps(meta, indent=1).encode())
     out.close()
     fsync_dir(tmp)
-    os.rename(tmp, final)
-    fsync_dir(folder)
-    return segments
 
 
 def _upto(run: Run, documents: int) -> Run:
