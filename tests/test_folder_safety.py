@@ -109,13 +109,13 @@ def test_a_different_job_is_refused_then_replaces_with_overwrite_and_stale_files
     index = corpus.manifest.extra["signature_index"]
     listed = {s.path for s in corpus.shards} | set(index["files"]) | set(index["band_files"]) | set(
         corpus.manifest.extra["stats_table"]["files"]) | set(corpus.manifest.extra["pairs"]["files"]) | {
-        corpus.manifest.extra["rejects"], "manifest.json", corpus.manifest.blocks_file["path"]}
+        corpus.manifest.extra["rejects"], "_manifest.json", corpus.manifest.blocks_file["path"]}
     assert _files(out) == listed  # the earlier job's shards, _index, _rejects and _stats files are gone
-    assert not (old_files - {"manifest.json"}) & _files(out)
+    assert not (old_files - {"_manifest.json"}) & _files(out)
     removed_corpus = Corpus.open(str(removed))
-    assert _files(removed) == {s.path for s in removed_corpus.shards} | {"manifest.json",
+    assert _files(removed) == {s.path for s in removed_corpus.shards} | {"_manifest.json",
                                                                          removed_corpus.manifest.blocks_file["path"]}
-    assert not (old_removed - {"manifest.json"}) & _files(removed)
+    assert not (old_removed - {"_manifest.json"}) & _files(removed)
     # kept and removed shards never share a name
     assert not {s.path for s in corpus.shards} & {s.path for s in removed_corpus.shards}
 
@@ -185,9 +185,9 @@ def corpus_dir(tmp_path: Path) -> Path:
 
 
 def _tamper(folder: Path, change: object) -> None:
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = json.loads((folder / "_manifest.json").read_text())
     change(manifest)
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "_manifest.json").write_text(json.dumps(manifest))
 
 
 @pytest.mark.parametrize("escape", ESCAPES)

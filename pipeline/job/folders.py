@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.format import JOB_FINGERPRINT_KEY, MANIFEST_NAME, Corpus, CorpusError, is_owned_file, open_fs
+from pipeline.format import JOB_FINGERPRINT_KEY, Corpus, CorpusError, has_manifest, is_owned_file, open_fs
 
 
 class FolderError(Exception):
@@ -79,7 +79,7 @@ def claim(url: str, fingerprint: str, overwrite: bool, flag: str,
     if not fs.exists(root):
         return None
     hint = f"pass --overwrite to replace it, or choose another {flag} folder"
-    if fs.exists(posixpath.join(root, MANIFEST_NAME)):
+    if has_manifest(fs, root):
         try:
             corpus = Corpus.open(url, storage_options)
         except CorpusError as exc:

@@ -9,8 +9,10 @@ from typing import Any
 import fsspec
 import orjson
 
+from pipeline.format.schemas import passes_through
 from pipeline.job.inputs.records import (
     Doc,
+    Extra,
     InputFile,
     Piece,
     ReadOptions,
@@ -89,7 +91,22 @@ def _jsonl_record(item: InputFile, lineno: int, raw: bytes, options: ReadOptions
     except UnicodeEncodeError as exc:  # JSON may escape lone surrogates ("\ud800"), which are not text
         return Reject(item.source, position, "invalid_utf8", f"invalid Unicode in text ({exc.reason} at {exc.start})",
                       len(raw))
-    return check(record_doc(item, position, text, record.get("url"), record, options), size, options)
+    others = {name: _carried(value) for name, value in record.items()
+              if passes_through(name, options.text_column, options.id_column)}
+    extra = Extra(item.source, values=others) if others else None
+    return check(record_doc(item, position, text, record.get("url"), record, options, extra), size, options)
+
+
+def _carried(value: Any) -> Any:
+    """A field as the corpus carries it: objects, arrays and integers beyond 64 bits as their JSON text
+    (``pipeline.job.extras``). Done here, per line, so a value that cannot be written rejects its line."""
+    if isinstance(value, dict | list) or (isinstance(value, int) and not isinstance(value, bool)
+                                          and not -(2**63) <= value < 2**63):
+        try:
+            return orjson.dumps(value).decode("utf-8")
+        except orjson.JSONEncodeError:  # lone surrogates, huge integers, nesting orjson refuses
+            return json.dumps(value)
+    return value
 
 
 def _json_fallback(item: InputFile, position: str, raw: bytes, options: ReadOptions) -> Any:

@@ -76,6 +76,18 @@ class Split:
         return sum(p.bytes for p in self.pieces)
 
 
+@dataclass(frozen=True)
+class Extra:
+    """A record's input columns that gristmill does not consume, carried to the shards under their own
+    names (``pipeline.job.extras``): a JSONL record's other fields (``values``), or a Parquet row
+    (``row`` of ``table``, its row group's pass-through columns as Arrow read them)."""
+
+    file: str  # the input file, named when its columns conflict with another file's
+    values: Mapping[str, Any] | None = None
+    table: Any = None
+    row: int = 0
+
+
 @dataclass
 class Doc:
     """A parsed document before normalisation."""
@@ -89,6 +101,7 @@ class Doc:
     position: str
     url: str | None = None  # the document's own URL, when it has one (``source`` may be the input file)
     preferred: Any = None  # the value of the input column the survivor policy reads (ReadOptions.prefer_column)
+    extra: Extra | None = None  # the input's other columns, to pass through (None: it has none)
 
 
 @dataclass
@@ -204,7 +217,7 @@ def names_found(names: Iterable[str]) -> str:
 
 
 def record_doc(item: InputFile, position: str, text: str, url: Any, fields: Mapping[str, Any],
-                options: ReadOptions) -> Doc:
+                options: ReadOptions, extra: Extra | None = None) -> Doc:
     """A document from one JSONL record or Parquet row: its URL (else the file) is the source."""
     url = optional_str(url)
     return Doc(
@@ -217,5 +230,6 @@ def record_doc(item: InputFile, position: str, text: str, url: Any, fields: Mapp
         position=position,
         url=url,
         preferred=fields.get(options.prefer_column) if options.prefer_column else None,
+        extra=extra,
     )
 
