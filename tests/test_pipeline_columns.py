@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import re
 import string
 from pathlib import Path
 
@@ -197,3 +198,49 @@ def test_a_users_source_column_is_never_taken_for_gristmills_source(tmp_path: Pa
     [item] = resolve_inputs([str(path)])
     [doc] = read_file(item, ReadOptions())
     assert doc.source == item.source and doc.extra.table["source"].to_pylist() == ["pydocs"]
+
+
+_JSON_KINDS = {
+    "bool": st.booleans(), "int": st.integers(-2**63, 2**63 - 1), "float": st.floats(allow_nan=False),
+    "str": st.text(max_size=8), "nested": st.lists(st.integers(-5, 5) | st.text(max_size=3), max_size=3),
+}
+_JSON_ARROW = {"bool": pa.bool_(), "int": pa.int64(), "float": pa.float64(), "str": pa.string(), "nested": pa.string()}
+
+
+@settings(max_examples=40, deadline=None)
+@given(kinds=st.dictionaries(_NAMES, st.sampled_from(sorted(_JSON_KINDS)), min_size=1, max_size=4), data=st.data())
+def test_generated_jsonl_keys_come_out_with_their_json_types(tmp_path_factory: pytest.TempPathFactory,
+                                                             kinds: dict[str, str], data: st.DataObject) -> None:
+    """Each key keeps its values under the type its JSON kind maps to (objects and arrays as JSON text),
+    null where a record lacks it; a key whose kinds do not unify is a clash naming it and the file."""
+    from pipeline.job import DedupError
+    from pipeline.job.inputs import ReadOptions, read_file, resolve_inputs
+
+    records = []
+    for i in range(data.draw(st.integers(1, 6))):
+        present = data.draw(st.lists(st.sampled_from(sorted(kinds)), unique=True))
+        records.append({"text": f"doc {i}", **{k: data.draw(_JSON_KINDS[kinds[k]]) for k in present}})
+    clash = data.draw(st.sampled_from([None, *sorted(kinds)]))
+    if clash is not None:  # one more record gives the key a value of a kind that does not unify with it
+        other = "int" if kinds[clash] in ("str", "nested") else "str"
+        records.append({"text": "odd", clash: data.draw(_JSON_KINDS[other])})
+    path = tmp_path_factory.mktemp("jsonl") / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    [item] = resolve_inputs([str(path)])
+    docs = list(read_file(item, ReadOptions()))
+    types = ColumnTypes()
+    table = batch_table(docs, types)
+    used = {k for r in records for k in r if k != "text"}
+    if clash is not None and clash in used and len({type(r[clash]) for r in records if clash in r}) > 1:
+        with pytest.raises(DedupError, match=re.escape(f"{clash!r}") + ".* in .*in.jsonl"):
+            types.schema()
+        return
+    schema = types.schema()
+    for key in used:
+        assert schema.field(key).type == (_JSON_ARROW[kinds[key]] if clash != key else schema.field(key).type)
+        expected = [json.dumps(r[key], separators=(",", ":")) if isinstance(r.get(key), list) else r.get(key)
+                    for r in records]
+        values = table[key].to_pylist()
+        if kinds[key] == "nested":
+            values = [None if v is None else json.dumps(json.loads(v), separators=(",", ":")) for v in values]
+        assert values == expected
