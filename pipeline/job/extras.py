@@ -92,24 +92,19 @@ class ColumnTypes:
 _JSON_TYPES = {type(None): pa.null(), bool: pa.bool_(), int: pa.int64(), float: pa.float64(), str: pa.string()}
 
 
-def json_type(value: Any) -> pa.DataType:
-    """The Arrow type a carried JSONL value goes into (the reader made nested values JSON text)."""
-    return _JSON_TYPES.get(type(value), pa.string())
-
-
-def _json_value(value: Any, arrow_type: pa.DataType) -> Any:
-    """A JSONL value as the column of ``arrow_type`` holds it."""
-    if isinstance(value, str):
-        return value if encodable(value) else printable(value)  # a lone surrogate no column can hold
-    if isinstance(value, int) and not isinstance(value, bool) and pa.types.is_floating(arrow_type):
-        return float(value)
-    return value
+def _json_array(values: list[Any], arrow_type: pa.DataType) -> pa.Array:
+    """A JSONL column's values as an Arrow array of ``arrow_type`` (integers go into a float column as
+    floats); strings a column cannot hold (lone surrogates) are escaped, checked only when Arrow refuses."""
+    try:
+        return pa.array(values, arrow_type)
+    except (pa.ArrowException, UnicodeEncodeError):
+        return pa.array([printable(v) if isinstance(v, str) and not encodable(v) else v for v in values], arrow_type)
 
 
 def _column_type(name: str, values: list[Any], file: str, types: ColumnTypes) -> pa.DataType | None:
     """One JSONL column's type over a run of records; None (and the clash recorded in ``types``) when
     its values mix types that do not unify."""
-    kinds = {json_type(v) for v in values} - {pa.null()}
+    kinds = {_JSON_TYPES.get(kind, pa.string()) for kind in set(map(type, values))} - {pa.null()}
     if not kinds:
         return pa.null()
     if kinds == {pa.int64(), pa.float64()}:
@@ -134,7 +129,7 @@ def _jsonl_run(docs: Sequence[Doc], types: ColumnTypes) -> pa.Table | None:
         if arrow_type is None:
             return None
         fields.append(pa.field(printable(name), arrow_type))
-        columns.append(pa.array([_json_value(v, arrow_type) for v in values], arrow_type))
+        columns.append(_json_array(values, arrow_type))
     return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 

@@ -9,7 +9,6 @@ from typing import Any
 import fsspec
 import orjson
 
-from pipeline.format.schemas import passes_through
 from pipeline.job.inputs.records import (
     Doc,
     Extra,
@@ -91,22 +90,23 @@ def _jsonl_record(item: InputFile, lineno: int, raw: bytes, options: ReadOptions
     except UnicodeEncodeError as exc:  # JSON may escape lone surrogates ("\ud800"), which are not text
         return Reject(item.source, position, "invalid_utf8", f"invalid Unicode in text ({exc.reason} at {exc.start})",
                       len(raw))
-    others = {name: _carried(value) for name, value in record.items()
-              if passes_through(name, options.text_column, options.id_column)}
+    consumed = options.consumed
+    others = {name: value for name, value in record.items() if name not in consumed}
+    for name, value in others.items():
+        kind = type(value)
+        if kind is dict or kind is list or (kind is int and not -(2**63) <= value < 2**63):
+            others[name] = _json_text(value)
     extra = Extra(item.source, values=others) if others else None
     return check(record_doc(item, position, text, record.get("url"), record, options, extra), size, options)
 
 
-def _carried(value: Any) -> Any:
-    """A field as the corpus carries it: objects, arrays and integers beyond 64 bits as their JSON text
+def _json_text(value: Any) -> str:
+    """How the corpus carries an object, an array or an integer beyond 64 bits: its JSON text
     (``pipeline.job.extras``). Done here, per line, so a value that cannot be written rejects its line."""
-    if isinstance(value, dict | list) or (isinstance(value, int) and not isinstance(value, bool)
-                                          and not -(2**63) <= value < 2**63):
-        try:
-            return orjson.dumps(value).decode("utf-8")
-        except orjson.JSONEncodeError:  # lone surrogates, huge integers, nesting orjson refuses
-            return json.dumps(value)
-    return value
+    try:
+        return orjson.dumps(value).decode("utf-8")
+    except orjson.JSONEncodeError:  # lone surrogates, huge integers, nesting orjson refuses
+        return json.dumps(value)
 
 
 def _json_fallback(item: InputFile, position: str, raw: bytes, options: ReadOptions) -> Any:

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 import xxhash
 
+from pipeline.format.schemas import RESERVED_COLUMNS
+
 KEY_BITS = 32  # ordinal bits of a document key; a split holds at most 2**32 records
 FIELDS_SHOWN = 10  # field names a "no text field" reason lists
 
@@ -128,6 +130,11 @@ class ReadOptions:
     id_column: str = "id"
     max_doc_bytes: int = 10 * 1024 * 1024
     prefer_column: str | None = None  # the survivor policy's column (pipeline.job.prefer), read as Doc.preferred
+
+    @cached_property
+    def consumed(self) -> frozenset[str]:
+        """The input columns the job consumes; every other passes through (``passes_through``)."""
+        return RESERVED_COLUMNS | {self.text_column, self.id_column}
 
 
 
