@@ -8,6 +8,7 @@ with exit 2 naming the column and both files. Runs on a real local Ray with real
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import random
@@ -191,13 +192,26 @@ def test_a_users_source_column_is_never_taken_for_gristmills_source(tmp_path: Pa
     """Without a URL a document's gristmill_source is its file: a ``source`` column ("pydocs") is the
     user's, carried, not read as where the document came from (a corpus shard of format 2 is the
     exception: its ``source`` column was gristmill's)."""
+    from pipeline.format.existing import index_parquet
     from pipeline.job.inputs import ReadOptions, read_file, resolve_inputs
 
-    path = tmp_path / "plain.parquet"
+    path = tmp_path / "plain" / "data.parquet"
+    path.parent.mkdir()
     pq.write_table(pa.table({"text": ["some words here"], "source": ["pydocs"]}), path)
     [item] = resolve_inputs([str(path)])
     [doc] = read_file(item, ReadOptions())
     assert doc.source == item.source and doc.extra.table["source"].to_pylist() == ["pydocs"]
+    index_parquet(str(path.parent))  # listed by a manifest now, still not a corpus of format 2
+    [item] = resolve_inputs([str(path.parent)])
+    assert item.rows == 1
+    [doc] = read_file(item, ReadOptions())
+    assert doc.source == item.source
+
+    old = tmp_path / "old.parquet"  # a format 2 dedup shard: its "source" was gristmill's
+    pq.write_table(pa.table({"text": ["x y"], "source": ["https://a.example/1"], "cluster_id": ["c"]}), old)
+    [item] = resolve_inputs([str(old)])
+    [doc] = read_file(dataclasses.replace(item, rows=1), ReadOptions())
+    assert doc.source == "https://a.example/1"
 
 
 _JSON_KINDS = {

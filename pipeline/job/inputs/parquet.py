@@ -81,8 +81,10 @@ def read_parquet(piece: Piece, options: ReadOptions,
         carried = [c for c in schema.names
                    if schema.names.count(c) == 1 and passes_through(c, options.text_column, options.id_column)]
         read = list(dict.fromkeys([*wanted, *carried]))
-        # a corpus shard's own source column is where its documents came from (format 1 and 2: "source")
-        source = source_column(schema) if item.rows is not None else SOURCE_COLUMN
+        # a dedup corpus shard's own source column is where its documents came from (format 1 and 2 call
+        # it "source"); in a folder `gristmill index` made a corpus, "source" is the user's
+        legacy = item.rows is not None and "cluster_id" in schema.names
+        source = source_column(schema) if legacy else SOURCE_COLUMN
         row = 0
         for group, rows in enumerate(group_rows):
             if not _row_group_in(metadata, group, piece):
