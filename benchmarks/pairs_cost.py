@@ -42,7 +42,7 @@ def run_once(tree: Path, input_dir: str, out: Path) -> dict[str, Any]:
     measured = memory.stop()
     if process.returncode != 0:
         raise RuntimeError(f"dedup failed in {tree}: {err.decode()[-2000:]}")
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "_manifest.json").read_text())
     pairs = manifest["extra"].get("pairs") or {"files": [], "rows": 0}
     pair_bytes = sum((out / name).stat().st_size for name in pairs["files"])
     stats = manifest["stats"]

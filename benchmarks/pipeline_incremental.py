@@ -106,7 +106,7 @@ def main() -> None:
     gristmill = gristmill_command()
     old_corpus, new_corpus = args.data / "old-corpus", args.data / "new-corpus"
     shutil.rmtree(new_corpus, ignore_errors=True)
-    if not (old_corpus / "manifest.json").exists():
+    if not (old_corpus / "_manifest.json").exists():
         shutil.rmtree(old_corpus, ignore_errors=True)
         _run([gristmill, "dedup", str(args.data / "old"), "-o", str(old_corpus), "--split-bytes", str(8 * 10**6)],
              args.data / "old.log")

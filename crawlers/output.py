@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import io
 import json
-import posixpath
 from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
 
-from pipeline.format import MANIFEST_NAME, RAW_CRAWL_SCHEMA, Corpus, CorpusError, open_fs
+from pipeline.format import RAW_CRAWL_SCHEMA, Corpus, CorpusError, has_manifest, open_fs
 
 SHARD_PREFIX = "crawl"
 WARC_FOLDER = "warc"
@@ -81,7 +80,7 @@ def check_output_folder(output: str, storage_options: Mapping[str, Any] | None =
     """Refuse (ValueError) an output folder whose manifest is not a crawl's: a crawl publishes its
     manifest as it commits, which would silently replace a deduplicated corpus stored there."""
     fs, root = open_fs(output, storage_options)
-    if not fs.exists(posixpath.join(root, MANIFEST_NAME)):
+    if not has_manifest(fs, root):
         return
     try:
         kind = Corpus.open(output, storage_options).manifest.extra.get("kind")

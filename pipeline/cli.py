@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # logging is imported only when a command runs: `gristmill --
 COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("pipeline.commands.inspect",
               "Summarise a corpus from its manifest: shards, rows, bytes, row groups, schema (--verify checks checksums)."),
+    "index": ("pipeline.commands.index",
+              "Make a folder of existing Parquet files (Hugging Face, datatrove, Spark) a corpus: a manifest, no rewrite."),
     "crawl": ("pipeline.commands.crawl",
               "Crawl seed URLs or sitemaps into raw corpus shards (re-running resumes)."),
     "serve": ("pipeline.commands.serve",

@@ -196,7 +196,7 @@ def test_ctrl_c_exits_130_with_a_resume_hint_and_the_rerun_finishes(
         _, err = driver.communicate(timeout=120)
     finally:
         _stop_session(driver)
-    assert not (out / "manifest.json").exists(), "the job finished before Ctrl-C; nothing was tested"
+    assert not (out / "_manifest.json").exists(), "the job finished before Ctrl-C; nothing was tested"
     assert driver.returncode == 130, err[-2000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
     assert err.rstrip().endswith("gristmill dedup: interrupted; run the same command again to resume")

@@ -18,7 +18,7 @@ import pytest
 
 from pipeline import cli
 from pipeline.demo.site.content import SITE_HOSTS, build_sites, load_articles
-from pipeline.format import Corpus
+from pipeline.format import SOURCE_COLUMN, Corpus
 from pipeline.report.duplicates import find_clusters, open_removed
 from pipeline.report.html_report import COLORS
 
@@ -62,7 +62,7 @@ def test_demo_writes_a_verified_corpus_whose_statistics_add_up(demo) -> None:
     sites = build_sites({host: f"http://{host}" for host in SITE_HOSTS})
     survivors: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
-    for source in corpus.to_table(["source"])["source"].to_pylist():
+    for source in corpus.to_table([SOURCE_COLUMN])[SOURCE_COLUMN].to_pylist():
         parts = urlsplit(source)
         page = sites[parts.hostname][unquote(parts.path)]
         if page.kind in ("article", "print", "mirror", "syndicated"):

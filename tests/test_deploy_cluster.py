@@ -113,7 +113,7 @@ def test_dedup_reads_and_writes_s3_and_the_loader_streams_it_back(s3_bucket: str
         cwd=REPO, env=env, capture_output=True, text=True, timeout=280,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert fs.exists(f"{output}/manifest.json")
+    assert fs.exists(f"{output}/_manifest.json")
 
     options = s3_server["storage_options"]
     corpus = Corpus.open(output, storage_options=options)

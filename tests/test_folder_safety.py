@@ -109,11 +109,11 @@ def test_a_different_job_is_refused_then_replaces_with_overwrite_and_stale_files
     index = corpus.manifest.extra["signature_index"]
     listed = {s.path for s in corpus.shards} | set(index["files"]) | set(index["band_files"]) | set(
         corpus.manifest.extra["stats_table"]["files"]) | set(corpus.manifest.extra["pairs"]["files"]) | {
-        corpus.manifest.extra["rejects"], "manifest.json", corpus.manifest.blocks_file["path"]}
+        corpus.manifest.extra["rejects"], "_manifest.json", corpus.manifest.blocks_file["path"]}
     # the earlier job's shards, _index, _rejects and _stats files are retired, kept for readers of its manifest
     retired = set(json.loads((out / "_retired.json").read_text())["retired"])
     assert _files(out) == listed | retired | {"_retired.json"}
-    assert retired == old_files - {"manifest.json"} - {Corpus.open(str(out)).manifest.blocks_file["path"]} - {
+    assert retired == old_files - {"_manifest.json"} - {Corpus.open(str(out)).manifest.blocks_file["path"]} - {
         f for f in old_files if f.startswith("_blocks/")}
     # gristmill gc --now takes them away, naming each one and the bytes freed
     sizes = {name: (out / name).stat().st_size for name in retired}
@@ -123,9 +123,9 @@ def test_a_different_job_is_refused_then_replaces_with_overwrite_and_stale_files
     assert _files(out) == listed
     assert main(["gc", str(removed), "--now"]) == 0
     removed_corpus = Corpus.open(str(removed))
-    assert _files(removed) == {s.path for s in removed_corpus.shards} | {"manifest.json",
+    assert _files(removed) == {s.path for s in removed_corpus.shards} | {"_manifest.json",
                                                                          removed_corpus.manifest.blocks_file["path"]}
-    assert not (old_removed - {"manifest.json"}) & _files(removed)
+    assert not (old_removed - {"_manifest.json"}) & _files(removed)
     # kept and removed shards never share a name
     assert not {s.path for s in corpus.shards} & {s.path for s in removed_corpus.shards}
 
@@ -195,9 +195,9 @@ def corpus_dir(tmp_path: Path) -> Path:
 
 
 def _tamper(folder: Path, change: object) -> None:
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = json.loads((folder / "_manifest.json").read_text())
     change(manifest)
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "_manifest.json").write_text(json.dumps(manifest))
 
 
 @pytest.mark.parametrize("escape", ESCAPES)

@@ -20,6 +20,7 @@ from pipeline.format import (
     CORPUS_SCHEMA,
     FORMAT_VERSION,
     MANIFEST_NAME,
+    SOURCE_COLUMN,
     Corpus,
     CorpusError,
     ShardWriter,
@@ -37,7 +38,7 @@ def make_documents(count: int, seed: int = 0) -> list[dict]:
         {
             "id": f"doc-{i:06d}",
             "text": " ".join(rng.choices(words, k=rng.randint(20, 600))),
-            "source": f"file:///data/{i % 7}.jsonl",
+            SOURCE_COLUMN: f"file:///data/{i % 7}.jsonl",
             "domain": f"site{i % 5}.example",
             "language": "en",
             "cluster_size": 1,

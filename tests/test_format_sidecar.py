@@ -1,4 +1,4 @@
-"""Format version 2: row groups in a checksummed Parquet block table beside manifest.json.
+"""Format version 2: row groups in a checksummed Parquet block table beside the manifest.
 
 The table is untrusted input like the manifest: generated tables (valid, mutated, garbage) are either
 refused with an error naming the file, or accepted only when a plain-Python reference of the rules
@@ -25,7 +25,15 @@ from hypothesis import strategies as st
 
 from loaders import StreamingLoader
 from loaders.state import corpus_fingerprint
-from pipeline.format import MANIFEST_NAME, BlockTable, Corpus, CorpusError, ShardWriter, write_manifest
+from pipeline.format import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    BlockTable,
+    Corpus,
+    CorpusError,
+    ShardWriter,
+    write_manifest,
+)
 from pipeline.format import manifest as manifest_module
 from pipeline.format.manifest import checksum_bytes
 from tests.test_loader import make_corpus
@@ -44,7 +52,7 @@ def sidecar_only(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_commit_writes_the_row_groups_to_a_named_checksummed_table(tmp_path: Path) -> None:
     texts = make_corpus(str(tmp_path), 600, seed=1)
     manifest = _manifest(tmp_path)
-    assert manifest["format_version"] == 2 and all("row_groups" not in s for s in manifest["shards"])
+    assert manifest["format_version"] == FORMAT_VERSION and all("row_groups" not in s for s in manifest["shards"])
     entry = manifest["blocks"]
     data = (tmp_path / entry["path"]).read_bytes()
     assert entry["bytes"] == len(data) and entry["checksum"] == checksum_bytes(data)
@@ -265,4 +273,4 @@ def test_memory_and_s3_round_trips_read_the_table(s3_server: dict, s3_bucket: st
         fs, root = fsspec.core.url_to_fs(url, **(options or {}))
         assert len(fs.ls(f"{root}/_blocks")) == 1
         corpus = Corpus.open(url, options)
-        assert corpus.manifest.format_version == 2 and len(corpus.manifest.blocks) > 3
+        assert corpus.manifest.format_version == FORMAT_VERSION and len(corpus.manifest.blocks) > 3

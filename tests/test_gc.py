@@ -70,7 +70,7 @@ _TIMES = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-
 _LEDGERS = st.one_of(
     st.binary(max_size=100),
     st.builds(lambda entries: json.dumps({"retired": entries}).encode(),
-              st.dictionaries(st.sampled_from([OLD, "manifest.json", "notes.txt", "../x", "part-9.parquet"]), _TIMES)),
+              st.dictionaries(st.sampled_from([OLD, "_manifest.json", "notes.txt", "../x", "part-9.parquet"]), _TIMES)),
     st.builds(lambda value: json.dumps(value).encode(), st.one_of(st.lists(st.integers()), st.integers(), st.none())),
 )
 

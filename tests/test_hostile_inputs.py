@@ -11,6 +11,7 @@ import gzip
 import io
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -22,8 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.format import CORPUS_SCHEMA, REJECT_SCHEMA, Corpus, ShardWriter
-from pipeline.job import DedupConfig, run_dedup
+from pipeline.job import DedupConfig, DedupError, run_dedup
 from pipeline.job.datasets import DOC_SCHEMA
+from pipeline.job.extras import ColumnTypes, batch_table
 from pipeline.job.inputs import Doc, ReadOptions, Reject, read_file, resolve_inputs
 
 pytestmark = pytest.mark.timeout(300)
@@ -47,9 +49,12 @@ def _read(folder: Path, name: str, data: bytes) -> list[Doc | Reject]:
 
 def _assert_fits_the_job_tables(records: list[Doc | Reject]) -> None:
     """What a reader hands the job must go into its Arrow tables (a lone surrogate once failed the job)."""
-    docs = [dataclasses.asdict(r) for r in records if isinstance(r, Doc)]
-    pa.Table.from_pylist(docs, pa.schema([DOC_SCHEMA.field(n) for n in ("id", "text", "source", "domain",
-                                                                         "language", "fetch_time")]))
+    names = ("id", "text", "source", "domain", "language", "fetch_time")
+    docs = [{name: getattr(r, name) for name in names} for r in records if isinstance(r, Doc)]
+    pa.Table.from_pylist(docs, pa.schema([DOC_SCHEMA.field(n) for n in names]))
+    carried = [r for r in records if isinstance(r, Doc) and r.extra is not None]
+    if carried:  # and the fields they carry, into the batch table the read stage writes beside them
+        batch_table(carried, ColumnTypes())
     rejects = [{**dataclasses.asdict(r), "origin": "test"} for r in records if isinstance(r, Reject)]
     pa.Table.from_pylist(rejects, REJECT_SCHEMA)
     assert all(r.kind and r.position and r.reason for r in records if isinstance(r, Reject))
@@ -342,13 +347,20 @@ def test_a_corpus_shard_gone_truncated_or_swapped_counts_its_manifest_rows(tmp_p
 
 
 # -- the Ray job -------------------------------------------------------------------------------
-def _read_all(inputs: list[str]) -> int:
-    """Records the readers find in ``inputs``: documents plus what each reject stands for."""
+def _read_all(inputs: list[str]) -> tuple[int, str | None]:
+    """Records the readers find in ``inputs`` (documents plus what each reject stands for), and the
+    clash of column types the job must stop on, if the carried columns have one (None otherwise)."""
     total = 0
+    types = ColumnTypes()
     for item in resolve_inputs(inputs):
         records = list(read_file(item, ReadOptions()))
         total += len(_docs(records)) + sum(r.count for r in _rejects(records))
-    return total
+        batch_table([d for d in _docs(records) if d.extra is not None], types)
+    try:
+        types.schema()
+    except DedupError as exc:
+        return total, str(exc)
+    return total, None
 
 
 @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
@@ -376,9 +388,14 @@ def test_the_job_over_hostile_files_finishes_and_accounts_for_every_record(
     Path(corpus.shard_path(corpus.shards[1])).unlink()  # a corpus input missing a shard
 
     inputs = [str(files), str(root / "corpus")]
-    expected = _read_all(inputs)
+    expected, clash = _read_all(inputs)
     assert expected >= len(lines) + len(texts) + 40
-    stats = run_dedup(DedupConfig(inputs=inputs, output=str(root / "out"), split_bytes=4_000, num_partitions=2))
+    config = DedupConfig(inputs=inputs, output=str(root / "out"), split_bytes=4_000, num_partitions=2)
+    if clash is not None:  # hostile lines gave a side field (url: true) a type another file's does not share
+        with pytest.raises(DedupError, match=re.escape(clash.split(" is ")[0])):
+            run_dedup(config)
+        return
+    stats = run_dedup(config)
     docs = stats["documents"]
     assert docs["input"] == docs["kept"] + docs["exact_duplicate"] + docs["near_duplicate"] + docs["rejected"]
     assert docs["input"] == expected

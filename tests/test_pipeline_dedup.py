@@ -14,7 +14,7 @@ from test_pipeline_data import MAX_DOC_BYTES, documents, mixed_input, near_copy,
 
 from dedup import deduplicate
 from pipeline.cli import main
-from pipeline.format import Corpus
+from pipeline.format import SOURCE_COLUMN, Corpus
 from pipeline.job import STAGES, DedupConfig, DedupError, job_stages, run_dedup
 
 pytestmark = pytest.mark.timeout(240)
@@ -174,7 +174,7 @@ def test_a_crawler_corpus_folder_is_an_input_and_its_provenance_is_kept(ray_loca
     stats = run_dedup(DedupConfig(inputs=[crawl], output=out))
     kept = _rows(out)
     assert stats["documents"]["input"] == len(texts) and len(kept) == stats["documents"]["kept"] < len(texts)
-    assert all(r["source"].startswith("https://b.example/") and r["domain"] == "b.example" for r in kept)
+    assert all(r[SOURCE_COLUMN].startswith("https://b.example/") and r["domain"] == "b.example" for r in kept)
     assert all(r["language"] == "en" and r["fetch_time"] == when for r in kept)
     assert stats["by_domain"]["b.example"]["input"] == len(texts)
 

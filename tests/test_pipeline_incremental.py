@@ -196,7 +196,7 @@ def test_an_index_file_is_sorted_with_a_band_file_that_names_its_rows(
     wanted = np.array(sorted(hashes)[250:251])
     assert groups_holding(index.metadata, "content_hash", wanted) == [2]
     # a manifest naming a band file outside the corpus, or band files that do not pair up, is refused
-    manifest = tmp_path / "x" / "manifest.json"
+    manifest = tmp_path / "x" / "_manifest.json"
     original = json.loads(manifest.read_text())
     for band_files, error in ((["../elsewhere.parquet"], "band file '../elsewhere.parquet'"),
                               (["_index/a.parquet", "_index/b.parquet"], "lists 1 files but 2 band files")):

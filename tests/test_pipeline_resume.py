@@ -48,7 +48,7 @@ def _kill_when(process: subprocess.Popen, ready: callable, out: Path) -> None:
         time.sleep(0.01)
     assert ready(), "the job never reached the stage to kill it in"
     _kill_session(process)
-    assert not (out / "manifest.json").exists(), "the job finished before it was killed; nothing was tested"
+    assert not (out / "_manifest.json").exists(), "the job finished before it was killed; nothing was tested"
 
 
 def test_driver_killed_in_two_stages_then_rerun_gives_the_identical_corpus(tmp_path: Path) -> None:

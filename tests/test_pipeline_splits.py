@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from test_pipeline_data import documents
 
 from pipeline.cli import main
-from pipeline.format import Corpus
+from pipeline.format import SOURCE_COLUMN, Corpus
 from pipeline.job import DedupConfig, run_dedup
 from pipeline.job.inputs import (
     SPLIT_MAX_PIECES,
@@ -264,7 +264,7 @@ def test_one_big_file_gives_the_same_corpus_as_many_files_and_any_split_bytes(
     capsys.readouterr()
     assert main(["stats", str(tmp_path / "cut"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["splits"] == cut["splits"]  # gristmill stats --json, top level
-    everything = ("id", "text", "source", "content_hash", "cluster_id", "cluster_size")
+    everything = ("id", "text", SOURCE_COLUMN, "content_hash", "cluster_id", "cluster_size")
     assert _corpus(str(tmp_path / "cut"), everything) == _corpus(str(tmp_path / "whole"), everything)
     assert _corpus(str(tmp_path / "other"), everything) == _corpus(str(tmp_path / "whole"), everything)
     assert _rejects(str(tmp_path / "cut")) == _rejects(str(tmp_path / "whole")) == _rejects(str(tmp_path / "other"))

@@ -52,7 +52,7 @@ def test_fifty_thousand_domains_keep_the_manifest_small_and_stats_whole(
     assert docs["input"] == expected["input"] and docs["rejected"] == expected["rejected"]
     assert docs["exact_duplicate"] == DOMAINS // 50
     # the manifest: totals, the top keys and how many keys there are; not 50,000 domains
-    assert (tmp_path / "corpus" / "manifest.json").stat().st_size < 64 * 1024
+    assert (tmp_path / "corpus" / "_manifest.json").stat().st_size < 64 * 1024
     assert len(stats["by_domain"]) == TOP_KEYS and stats["breakdown_keys"]["by_domain"] == DOMAINS
     corpus = Corpus.open(out)
     files = corpus.manifest.extra["stats_table"]["files"]

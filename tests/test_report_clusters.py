@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pipeline.commands import clusters as clusters_cmd
-from pipeline.format import CORPUS_SCHEMA, REMOVED_SCHEMA, Corpus, CorpusError, ShardWriter
+from pipeline.format import CORPUS_SCHEMA, REMOVED_SCHEMA, SOURCE_COLUMN, Corpus, CorpusError, ShardWriter
 from pipeline.report import cluster_text
 from pipeline.report.duplicates import find_cluster, find_clusters, load_texts, open_removed, similarity_grid
 from pipeline.report.html_report import (
@@ -117,7 +117,7 @@ def test_chart_bins() -> None:
 
 
 def _row(doc_id: str, text: str, source: str, **extra: object) -> dict:
-    return {"id": doc_id, "text": text, "source": source, "domain": source.split("/")[2], "language": "en",
+    return {"id": doc_id, "text": text, SOURCE_COLUMN: source, "domain": source.split("/")[2], "language": "en",
             "cluster_id": extra.pop("cluster_id", doc_id), "cluster_size": extra.pop("cluster_size", 1), **extra}
 
 

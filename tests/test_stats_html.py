@@ -35,7 +35,7 @@ def test_stats_html_writes_the_report_of_a_real_corpus(tmp_path: Path, capsys: p
     lost_to = {"chart-lost-to"} if stats.get("lost_to") else set()  # which domains lost to which, when recorded
     assert charts == {"chart-funnel", "chart-cluster-sizes", "chart-similarity", "chart-pairs", "chart-lengths",
                       "chart-tokens", "chart-domains", "chart-languages", "chart-sources", "chart-stages"} | lost_to
-    pairs = json.loads((out / "manifest.json").read_text())["extra"]["pairs"]
+    pairs = json.loads((out / "_manifest.json").read_text())["extra"]["pairs"]
     assert f"{pairs['floor']:g}, by estimate" in html  # the stored pairs, drawn down to the floor
     docs = stats["documents"]
     assert docs["exact_duplicate"] > 0 and docs["near_duplicate"] > 0

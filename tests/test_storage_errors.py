@@ -66,7 +66,7 @@ def test_a_failing_commit_is_one_line_naming_the_object(store: ShapedStore, s3_b
 
 def test_a_failing_manifest_read_is_one_line_in_inspect_stats_and_gc(store: ShapedStore, s3_bucket: str) -> None:
     bucket = s3_bucket.removeprefix("s3://")
-    store.fail(f"/{bucket}/c/manifest.json", None, 503)
+    store.fail(f"/{bucket}/c/_manifest.json", None, 503)
     for command in ("inspect", "stats", "gc"):
         line = _one_line(_gristmill(store, command, f"{s3_bucket}/c"), command)
-        assert f"cannot read {s3_bucket}/c/manifest.json (GET): " in line
+        assert f"cannot read {s3_bucket}/c/_manifest.json (GET): " in line

@@ -101,9 +101,9 @@ def test_a_corpus_without_pairs_is_a_clear_error(jobs: dict[str, Path], tmp_path
                                                 capsys: pytest.CaptureFixture) -> None:
     older = tmp_path / "older"
     shutil.copytree(jobs["0.8"], older)
-    manifest = json.loads((older / "manifest.json").read_text())
+    manifest = json.loads((older / "_manifest.json").read_text())
     del manifest["extra"]["pairs"]  # as an older gristmill wrote it
-    (older / "manifest.json").write_text(json.dumps(manifest))
+    (older / "_manifest.json").write_text(json.dumps(manifest))
     assert main(["clusters", str(older), "--what-if", "0.9"]) == 2
     assert "lists no candidate pairs table" in capsys.readouterr().err
 

@@ -103,7 +103,7 @@ def deduplicate(raw: Path, corpus: Path, removed: Path, publishers: Path) -> dic
 # -- 4: statistics, report, clusters ---------------------------------------------------------------
 def show_statistics(corpus_url: str, report_path: Path) -> dict[str, Any]:
     """Print the statistics and the largest clusters, write the HTML report; returns the checks made."""
-    from pipeline.format import Corpus
+    from pipeline.format import SOURCE_COLUMN, Corpus
     from pipeline.report.cluster_text import render_list
     from pipeline.report.duplicates import find_clusters, open_removed
     from pipeline.report.html_report import write_report
@@ -120,8 +120,8 @@ def show_statistics(corpus_url: str, report_path: Path) -> dict[str, Any]:
     clusters = find_clusters(corpus, removed)
     _say("")
     _say(render_list(clusters, 5, corpus.num_rows + removed.num_rows))
-    texts = corpus.to_table(["text", "source"])
-    short = [s for s, t in zip(texts["source"].to_pylist(), texts["text"].to_pylist(), strict=True)
+    texts = corpus.to_table(["text", SOURCE_COLUMN])
+    short = [s for s, t in zip(texts[SOURCE_COLUMN].to_pylist(), texts["text"].to_pylist(), strict=True)
              if len(t) < SHORT_DOC_CHARS]
     if short:
         _say(f"\nnote       {len(short)} kept documents are shorter than {SHORT_DOC_CHARS} characters: tag, archive "

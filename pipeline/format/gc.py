@@ -25,12 +25,17 @@ from typing import Any
 import fsspec
 
 from pipeline.format.lease import LEASE_NAME, as_seconds
-from pipeline.format.manifest import MANIFEST_NAME, Manifest, is_owned_file, manifest_extra_files
+from pipeline.format.manifest import (
+    MANIFEST_NAMES,
+    Manifest,
+    is_owned_file,
+    manifest_extra_files,
+)
 from pipeline.format.storage import is_local, naming, open_fs, write_whole
 
 RETIRED_NAME = "_retired.json"
 GRACE_SECONDS = 24 * 3600.0  # a reader may hold a replaced manifest's files this long after the commit
-_NEVER_RETIRED = (MANIFEST_NAME, RETIRED_NAME)
+_NEVER_RETIRED = (*MANIFEST_NAMES, RETIRED_NAME)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The manifest: the commit point of a corpus, and every rule about the paths it names.
 
-A corpus is a folder (any fsspec URL) of Parquet shards plus one ``manifest.json``. Shards are
+A corpus is a folder (any fsspec URL) of Parquet shards plus one ``_manifest.json``. Shards are
 written first under unique names; the manifest is written last, atomically, and is the commit
 point: readers only ever read what a manifest lists. A manifest is untrusted input, so every path it
 names is checked here (:func:`member_path`) before anyone follows it. See docs/FORMAT.md.
@@ -32,13 +32,19 @@ from pipeline.format.storage import is_local, naming, open_fs, write_whole
 
 FORMAT_NAME = "gristmill-corpus"
 # Version 2 moved the row groups out of manifest.json into the block table sidecar (pipeline/format/blocks.py);
-# version 1 manifests, row groups inline, are still read.
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# version 3 renamed gristmill's ``source`` column ``gristmill_source`` and lets the input's own columns
+# follow gristmill's (pipeline/format/schemas.py). Versions 1 and 2 are still read.
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 # A block table this small (about 37 k row groups, 150 GB of 4 MB blocks) also travels inside the manifest
 # as base64: a reader then needs one read before its first block instead of two (0.1 s at 100 ms).
 INLINE_BLOCKS_BYTES = 256 * 1024
-MANIFEST_NAME = "manifest.json"
+# Format 3 names the manifest with a leading "_", which Parquet readers (pyarrow and pandas datasets,
+# Spark, DuckDB globs of *.parquet) skip: the folder reads as a plain Parquet dataset. Corpora of
+# formats 1 and 2 keep ``manifest.json``, which every reader here still reads.
+MANIFEST_NAME = "_manifest.json"
+LEGACY_MANIFEST_NAME = "manifest.json"
+MANIFEST_NAMES = (MANIFEST_NAME, LEGACY_MANIFEST_NAME)  # the order a reader looks for them
 CHECKSUM_ALGORITHM = "xxh3_128"
 JOB_FINGERPRINT_KEY = "job_fingerprint"  # in a manifest's ``extra``: which job wrote the corpus
 STATS_TABLE_KEY = "stats_table"  # in a manifest's ``extra``: {"files": [...]}, the statistics table
@@ -114,7 +120,7 @@ def _unsafe_member(relative: Any) -> str | None:
 
 @dataclass
 class Manifest:
-    """The parsed ``manifest.json``: every shard, the schema, and the run's statistics."""
+    """The parsed manifest: every shard, the schema, and the run's statistics."""
 
     shards: list[ShardInfo]
     schema: pa.Schema
@@ -180,7 +186,7 @@ class Manifest:
         try:
             schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"]["arrow"])))
             entries = data["shards"]
-            if version == 1:
+            if version == 1:  # versions 2 and 3 share the manifest's layout
                 shards = [ShardInfo.from_dict(s) for s in entries]
                 table = BlockTable.of(shards)
             else:
@@ -324,8 +330,17 @@ def write_manifest(
     payload = manifest.to_json().encode("utf-8")
     with naming(where, "write", is_local(fs)):
         write_whole(fs, posixpath.join(root, MANIFEST_NAME), payload)
+    try:  # a format 1 or 2 manifest of an earlier commit here: it lists shards cleanup may delete
+        fs.rm_file(posixpath.join(root, LEGACY_MANIFEST_NAME))
+    except FileNotFoundError:
+        pass
     _remove_old_blocks(fs, root, manifest.blocks_file["path"])
     return manifest
+
+
+def has_manifest(fs: fsspec.AbstractFileSystem, root: str) -> bool:
+    """Whether a folder holds a manifest (of any format version)."""
+    return any(fs.exists(posixpath.join(root, name)) for name in MANIFEST_NAMES)
 
 
 def _remove_old_blocks(fs: fsspec.AbstractFileSystem, root: str, current: str) -> None:
@@ -339,14 +354,14 @@ def _remove_old_blocks(fs: fsspec.AbstractFileSystem, root: str, current: str) -
             except FileNotFoundError:
                 pass
 
-def manifest_location(url: str, fs: fsspec.AbstractFileSystem, root: str) -> str:
+def manifest_location(url: str, fs: fsspec.AbstractFileSystem, root: str, name: str = MANIFEST_NAME) -> str:
     """How errors name a corpus's manifest: the local path, or the URL as the user gave it."""
-    return posixpath.join(root, MANIFEST_NAME) if is_local(fs) else f"{url.rstrip('/')}/{MANIFEST_NAME}"
+    return posixpath.join(root, name) if is_local(fs) else f"{url.rstrip('/')}/{name}"
 
 
 # Files a gristmill writer puts in a corpus folder (fnmatch patterns, relative to the folder): what a
 # job may treat as its own when it checks a folder before writing and cleans up after committing.
-OWNED_PATTERNS = ("manifest.json", "manifest.json.tmp-*", "*.parquet.tmp-*", "part-*.parquet", "removed-*.parquet",
+OWNED_PATTERNS = ("_manifest.json", "_manifest.json.tmp-*", "manifest.json", "manifest.json.tmp-*", "*.parquet.tmp-*", "part-*.parquet", "removed-*.parquet",
                   "_index/index-*.parquet", "_index/bands-*.parquet", "_index/*.tmp-*", "_rejects/rejects-*.parquet",
                   "_rejects/*.tmp-*", "_stats/stats-*.parquet", "_stats/*.tmp-*", "_blocks/blocks-*.parquet", "_work/*",
                   "_pairs/pairs-*.parquet", "_pairs/*.tmp-*", "_lease.json", "_lease.json.tmp-*", "_retired.json",

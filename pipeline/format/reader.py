@@ -19,6 +19,7 @@ import xxhash
 from pipeline.format.manifest import (
     CHECKSUM_ALGORITHM,
     MANIFEST_NAME,
+    MANIFEST_NAMES,
     BlocksMissing,
     CorpusError,
     Manifest,
@@ -46,6 +47,34 @@ def _check_inside(root: str, path: str, where: str, what: str) -> None:
                           "corpus folder (a symbolic link); a manifest may only name files inside its corpus folder")
 
 
+def _read_manifest(url: str, fs: fsspec.AbstractFileSystem, root: str) -> tuple[str, str]:
+    """The manifest's text and how errors name it: ``_manifest.json``, else a format 1 or 2 corpus's
+    ``manifest.json``. None there is an error that says how to make one."""
+    for name in MANIFEST_NAMES:
+        where = manifest_location(url, fs, root, name)
+        try:
+            # start=0: one GET. Without a range, s3fs asks the size first (a HEAD): a round trip
+            # more for each of the two reads before a first batch (0.1 s each at 100 ms latency).
+            return fs.cat_file(posixpath.join(root, name), start=0).decode("utf-8"), where
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except UnicodeDecodeError:
+            raise CorpusError(f"{where}: manifest is not UTF-8 text") from None
+    folder = url.rstrip("/")
+    if fs.isfile(root):
+        raise CorpusError(f"{url}: a file, not a corpus folder; a corpus is a folder of Parquet files with a "
+                          f"manifest. {how_to_make_one(posixpath.dirname(folder) or '.')}")
+    raise CorpusError(f"{manifest_location(url, fs, root)}: no manifest, so not a corpus (or its writer never "
+                      f"committed). {how_to_make_one(folder)}")
+
+
+def how_to_make_one(folder: str) -> str:
+    """The two ways to make a corpus of Parquet files, for errors about a folder without a manifest."""
+    return (f"To stream Parquet files as they are, index them: `gristmill index {folder}` (writes a manifest, "
+            f"rewrites nothing); or write a table with a text column as a corpus from Python: "
+            f"`pipeline.format.write_corpus(table, {folder!r})`")
+
+
 @dataclass(frozen=True)
 class VerifyResult:
     path: str
@@ -61,6 +90,7 @@ class Corpus:
         self.manifest = manifest
         self.fs = fs
         self.root = root
+        self.manifest_name = MANIFEST_NAME  # manifest.json for a corpus of format 1 or 2
 
     @classmethod
     def open(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> Corpus:
@@ -75,15 +105,7 @@ class Corpus:
                 return fs.cat_file(path, start=0)
 
         for attempt in range(2):
-            try:
-                # start=0: one GET. Without a range, s3fs asks the size first (a HEAD): a round trip
-                # more for each of the two reads before a first batch (0.1 s each at 100 ms latency).
-                with naming(where, "read", is_local(fs)):
-                    text = fs.cat_file(posixpath.join(root, MANIFEST_NAME), start=0).decode("utf-8")
-            except FileNotFoundError:
-                raise CorpusError(f"{where}: no manifest; not a corpus, or its writer never committed") from None
-            except UnicodeDecodeError:
-                raise CorpusError(f"{where}: manifest is not UTF-8 text") from None
+            text, where = _read_manifest(url, fs, root)
             try:
                 manifest = Manifest.from_json(text, where, read_member)
                 break
@@ -91,6 +113,7 @@ class Corpus:
                 if attempt:  # a commit in between removes the block table the old manifest named: read again
                     raise
         corpus = cls(url, manifest, fs, root)
+        corpus.manifest_name = posixpath.basename(where)
         corpus._check_local_links()
         return corpus
 
@@ -117,7 +140,7 @@ class Corpus:
 
     @property
     def _where(self) -> str:
-        return manifest_location(self.url, self.fs, self.root)
+        return manifest_location(self.url, self.fs, self.root, self.manifest_name)
 
     def _check_local_links(self) -> None:
         """On a local disk a listed name may still be a symbolic link to a file elsewhere: refuse it.

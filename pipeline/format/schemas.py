@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-# The columns of a deduplicated corpus; docs/FORMAT.md explains each one.
+# gristmill's own provenance column for where a document came from (its URL, else the input file). It
+# is not called ``source``: many datasets have a ``source`` column of their own (a subset's name), which
+# now passes through unchanged (format version 3; versions 1 and 2 called this column ``source``).
+SOURCE_COLUMN = "gristmill_source"
+LEGACY_SOURCE_COLUMN = "source"
+
+# The columns of a deduplicated corpus; docs/FORMAT.md explains each one. A corpus may have more: the
+# input's own columns that gristmill does not consume, after these (see ``passes_through``).
 CORPUS_SCHEMA = pa.schema(
     [
         pa.field("id", pa.string(), nullable=False),
         pa.field("text", pa.string(), nullable=False),
-        pa.field("source", pa.string()),
+        pa.field(SOURCE_COLUMN, pa.string()),
         pa.field("domain", pa.string()),
         pa.field("language", pa.string()),
         pa.field("fetch_time", pa.timestamp("ms", tz="UTC")),
@@ -24,11 +31,32 @@ CORPUS_SCHEMA = pa.schema(
         pa.field("is_representative", pa.bool_()),
     ]
 )
-REQUIRED_COLUMNS = ("id", "text")  # every schema a ShardWriter writes has them
+REQUIRED_COLUMNS = ("text",)  # every schema a ShardWriter writes has it (a loader streams it)
 
 # The removed documents of a dedup run (``gristmill dedup --removed``): corpus rows plus why each went.
 REMOVED_SCHEMA = CORPUS_SCHEMA.append(pa.field("removed_as", pa.string())).append(
     pa.field("duplicate_of", pa.string())).append(pa.field("similarity", pa.float64()))
+
+# Names gristmill writes in a corpus or a removed corpus. An input column of such a name is gristmill's
+# own, consumed rather than carried: ``domain``, ``language`` and ``fetch_time`` are read as the
+# document's, the others (an earlier gristmill output being deduplicated again) are recomputed.
+RESERVED_COLUMNS = frozenset(REMOVED_SCHEMA.names)
+
+
+def passes_through(name: str, text_column: str = "text", id_column: str = "id") -> bool:
+    """Whether an input column reaches the corpus under its own name, type and values: every column
+    but the text and id columns the run reads and the names gristmill writes itself."""
+    return name not in RESERVED_COLUMNS and name != text_column and name != id_column
+
+
+def with_columns(schema: pa.Schema, extra: pa.Schema) -> pa.Schema:
+    """A corpus (or removed) schema followed by the input's pass-through columns."""
+    return pa.schema([*schema, *extra])
+
+
+def source_column(schema: pa.Schema) -> str:
+    """The name of gristmill's source column in a corpus of any format version."""
+    return SOURCE_COLUMN if SOURCE_COLUMN in schema.names else LEGACY_SOURCE_COLUMN
 
 # The input records a dedup run could not turn into documents (the rejects file beside a corpus).
 REJECT_KINDS = ("invalid_utf8", "empty", "over_size_cap", "unparseable", "corrupt", "unsupported")

@@ -36,6 +36,7 @@ from pipeline.format.gc import retire_unlisted
 from pipeline.format.manifest import (
     MANIFEST_NAME,
     CorpusError,
+    has_manifest,
     is_owned_file,
     write_manifest,
 )
@@ -212,7 +213,7 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
     index = corpus.manifest.extra.get("signature_index")
     if not isinstance(index, Mapping) or not isinstance(index.get("files"), list):
         raise CorpusError(f"{url}: the corpus has no signature index (not built by gristmill dedup)")
-    params = params_from_dict(index.get("params") or {}, f"{url}/manifest.json")
+    params = params_from_dict(index.get("params") or {}, f"{url}/{MANIFEST_NAME}")
     schema = index_schema(params.num_perm, params.bands)
     table = corpus.read_members(index["files"], schema, "signature index file")
     return params, SignatureTable(
@@ -268,7 +269,7 @@ def check_export_folder(url: str, storage_options: Mapping[str, Any] | None = No
     fs, root = open_fs(url, storage_options)
     if not fs.exists(root):
         return
-    if fs.exists(posixpath.join(root, MANIFEST_NAME)):
+    if has_manifest(fs, root):
         kind = Corpus.open(url, storage_options).manifest.extra.get("kind")
         if kind != EXPORT_KIND:
             raise CorpusError(f"{url} holds a corpus that is not a service export; export into a new folder")

@@ -74,7 +74,8 @@ class _HashingSink:
         return f"{CHECKSUM_ALGORITHM}:{self._digest.hexdigest()}"
 
 
-def _row_group_ranges(metadata: pq.FileMetaData) -> list[RowGroupInfo]:
+def row_group_ranges(metadata: pq.FileMetaData) -> list[RowGroupInfo]:
+    """Each row group's rows and byte range (from its first page to its last column chunk's end)."""
     ranges = []
     for index in range(metadata.num_row_groups):
         group = metadata.row_group(index)
@@ -123,7 +124,7 @@ class ShardWriter:
     ) -> None:
         for column in REQUIRED_COLUMNS:
             if column not in schema.names:
-                raise CorpusError(f"schema must have a {column!r} column")
+                raise CorpusError(f"schema must have a {column!r} column (it has: {', '.join(schema.names)})")
         if row_group_bytes <= 0 or shard_bytes < row_group_bytes:
             raise ValueError("need 0 < row_group_bytes <= shard_bytes")
         self.url = url
@@ -206,7 +207,7 @@ class ShardWriter:
             self._writer.close()
             metadata = self._writer.writer.metadata
             self._sink.close()
-        groups = _row_group_ranges(metadata)
+        groups = row_group_ranges(metadata)
         data_end = max((g.offset + g.length for g in groups), default=4)
         self.shards.append(
             ShardInfo(
@@ -242,3 +243,44 @@ class ShardWriter:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
             self.close()
+
+
+def write_corpus(
+    data: pa.Table | pa.RecordBatch | pa.RecordBatchReader | Iterable[pa.Table | pa.RecordBatch],
+    url: str,
+    *,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """Write any Arrow table (or batches: a reader, a generator) with a string ``text`` column as a
+    corpus at ``url`` and commit it; every other column is kept as it is. The schema is the first
+    batch's; later batches are cast to it (CorpusError naming the column when one cannot be).
+
+    The corpus streams through ``loaders.StreamingLoader`` with no dedup run; shards get the format's
+    row-group and page sizes, so a loader's blocks are the right size whatever wrote the table.
+    """
+    batches: Iterable[pa.Table | pa.RecordBatch] = [data] if isinstance(data, pa.Table | pa.RecordBatch) else data
+    writer: ShardWriter | None = None
+    for batch in batches:
+        if writer is None:
+            check_text_column(batch.schema, url)
+            writer = ShardWriter(url, batch.schema, shard_bytes=shard_bytes, row_group_bytes=row_group_bytes,
+                                 storage_options=storage_options)
+        try:
+            writer.write(batch)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError, KeyError) as exc:
+            raise CorpusError(f"{url}: a batch does not fit the first batch's schema ({exc})") from None
+    if writer is None:
+        raise CorpusError(f"{url}: nothing to write (no batch)")
+    return writer.commit()
+
+
+def check_text_column(schema: pa.Schema, where: str) -> None:
+    """A corpus needs a string ``text`` column: the loader streams it and tokenizes it."""
+    if "text" not in schema.names:
+        raise CorpusError(f"{where}: the table has no 'text' column (it has: {', '.join(schema.names)}); "
+                          "rename the column that holds the documents to 'text'")
+    kind = schema.field("text").type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
+        raise CorpusError(f"{where}: the 'text' column is {kind}, not a string")

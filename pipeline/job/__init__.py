@@ -19,7 +19,8 @@ One module per stage (docs/PIPELINE.md has the details, the memory each needs an
                 index, per-split statistics (``stats``); the driver writes the manifest last.
 
 Around them: ``config`` (what a job is asked), ``datasets`` (every file a stage writes, named once),
-``tasks`` (the context a task gets, completion records), ``plan`` (fingerprint, ``--against``, folder
+``tasks`` (the context a task gets, completion records), ``extras`` (the input's own columns, carried
+from read to write beside the documents), ``plan`` (fingerprint, ``--against``, folder
 claims) and ``driver`` (``run_dedup``); ``inputs``, ``workdir`` and ``folders`` serve only the job.
 
 A document's key is ``split << 32 | ordinal`` (input order), every reduce sorts, and shards are cut

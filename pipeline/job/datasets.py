@@ -52,6 +52,23 @@ class PerSplit:
 
 
 @dataclass(frozen=True)
+class PerBatch:
+    """One Parquet file per read batch of a split: ``folder/s=SSSSS/b=BBBBB.parquet``."""
+
+    folder: str
+
+    def folder_of(self, split: int) -> str:
+        return f"{self.folder}/{split_name(split)}"
+
+    def file(self, split: int, batch: int) -> str:
+        return f"{self.folder_of(split)}/b={batch:05d}.parquet"
+
+    def types_file(self, split: int) -> str:
+        """What the split's batches hold, as JSON (``pipeline.job.extras.ColumnTypes``)."""
+        return f"{self.folder_of(split)}/types.json"
+
+
+@dataclass(frozen=True)
 class Shuffled:
     """A shuffle: sending task ``name`` writes the partitioned file ``folder/name.part`` (rows sorted by
     destination partition); a receiving task reads its partition of every file in the folder."""
@@ -97,6 +114,7 @@ READ_DONE = Records("read/done")
 DOCS = PerSplit("docs")  # DOC_SCHEMA, one row group per read batch
 HASH_SIGNATURES = PerSplit("hash_sigs")  # hash_signature_schema: one signature per distinct content hash
 REJECTS = PerSplit("rejects")  # pipeline.format.REJECT_SCHEMA
+EXTRAS = PerBatch("extras")  # a batch's input columns that pass through (pipeline.job.extras), when it has any
 # exact: per split (index files included), then per content-hash partition
 EXACT_MAP_DONE = Records("exact/map")
 EXACT_IN = Shuffled("exact_in")  # EXACT_IN_SCHEMA: a split's best row and row count per content hash, by hash

@@ -32,8 +32,9 @@ from pipeline.format import (
     write_manifest,
 )
 from pipeline.format.manifest import PAIRS_KEY
+from pipeline.format.schemas import with_columns
 from pipeline.format.signature_index import IndexFile, IndexParams
-from pipeline.job import components
+from pipeline.job import components, extras
 from pipeline.job.buckets import bucket_partition
 from pipeline.job.clusters import run_clusters
 from pipeline.job.config import DedupConfig, DedupError, index_params
@@ -181,6 +182,7 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
 
     read = stage("read", lambda: map_splits(read_index_split, job, whole_indices(job))
                  + run_read(job, splits), total_bytes=sum(s.bytes for s in splits))
+    carried = extras.job_schema(work, read)  # the input's own columns: DedupError on a type clash, before any shuffle
     parts = partitions_for(sum(r["docs"] for r in read), params, config.num_partitions,  # follow the rows
                            config.partition_bytes)
     exact = stage("exact", lambda: run_exact(job, parts.exact, run_tasks))
@@ -200,7 +202,7 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
         seeded, linked = verified["seeded"], verified["verified"]
     cc = stage("cc", lambda: components.connected_components(job, seeded, linked, fine, run_tasks))
     stage("clusters", lambda: run_clusters(job, run_tasks, parts))
-    written = stage("write", lambda: map_splits(write_split, job, job.split_indices))
+    written = stage("write", lambda: map_splits(lambda j, i: write_split(j, i, carried), job, job.split_indices))
     table = stage("stats", lambda: run_stats(job, sum(r["stats_rows"] for r in written), run_tasks))
 
     totals: dict[str, Any] = {}
@@ -222,10 +224,10 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
         lease.check()
     if config.removed:
         removed_shards = [ShardInfo.from_dict(s) for record in written for s in record["removed_shards"]]
-        write_manifest(config.removed, removed_shards, REMOVED_SCHEMA, stats=stats,
+        write_manifest(config.removed, removed_shards, with_columns(REMOVED_SCHEMA, carried), stats=stats,
                        extra={"removed_from": config.output, JOB_FINGERPRINT_KEY: fingerprint},
                        storage_options=config.storage_options)
-    committed = write_manifest(config.output, shards, CORPUS_SCHEMA, stats=stats, extra=extra,
+    committed = write_manifest(config.output, shards, with_columns(CORPUS_SCHEMA, carried), stats=stats, extra=extra,
                                storage_options=config.storage_options)
     _remove_stale(config, Corpus(config.output, committed, *open_fs(config.output, config.storage_options)))
     if not config.keep_work:

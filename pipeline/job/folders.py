@@ -20,7 +20,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.format import JOB_FINGERPRINT_KEY, MANIFEST_NAME, Corpus, CorpusError, is_owned_file, open_fs
+from pipeline.format import (
+    JOB_FINGERPRINT_KEY,
+    MANIFEST_NAME,
+    Corpus,
+    CorpusError,
+    has_manifest,
+    is_owned_file,
+    open_fs,
+)
 from pipeline.format.storage import is_local, naming
 
 
@@ -78,7 +86,7 @@ def claim(url: str, fingerprint: str, overwrite: bool, flag: str,
     """
     fs, root = open_fs(url, storage_options)
     with naming(f"{url.rstrip('/')}/{MANIFEST_NAME}", "read", is_local(fs), "HEAD"):
-        committed = fs.exists(root) and fs.exists(posixpath.join(root, MANIFEST_NAME))
+        committed = fs.exists(root) and has_manifest(fs, root)
     if not committed and not fs.exists(root):
         return None
     hint = f"pass --overwrite to replace it, or choose another {flag} folder"

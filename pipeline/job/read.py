@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from pipeline.format import REJECT_SCHEMA, index_schema, open_fs
 from pipeline.format.signature_index import fixed_list
+from pipeline.job import extras
 from pipeline.job.datasets import (
     DOC_SCHEMA,
     DOCS,
@@ -81,11 +82,13 @@ def _read_split_now(job: Job, split: Split) -> dict[str, Any]:
     seen: set[str] = set()  # content hashes of the split already signed
     hasher = job.params.hasher()
     ordinal = 0
+    columns = extras.ColumnTypes()  # the input's own columns, carried beside the documents file
     with job.work.table_writer(DOCS.file(split_index), DOC_SCHEMA) as writer:
-        for batch in _document_batches(job, split, rejects):
+        for number, batch in enumerate(_document_batches(job, split, rejects)):
             check_split_rows(ordinal + len(batch), f"split {split_index} ({split.pieces[0].file.url}, ...)")
             table, signatures = _document_table(split_index, ordinal, batch, hasher, seen, job.preference.keys)
-            writer.write_table(table)
+            writer.write_table(table, row_group_size=table.num_rows)  # batch ``number`` is row group ``number``
+            extras.write_batch(job.work, split_index, number, extras.batch_table([d for d, _ in batch], columns))
             signed.append(signatures)
             ordinal += table.num_rows
     hash_schema = hash_signature_schema(job.params.num_perm)
@@ -98,7 +101,8 @@ def _read_split_now(job: Job, split: Split) -> dict[str, Any]:
         "origin": [o for _, o in rejects],
     }, schema=REJECT_SCHEMA)
     job.work.write_table(REJECTS.file(split_index), reject_table)
-    return {"docs": ordinal, "rejected": sum(r.count for r, _ in rejects), "bytes": split.bytes}
+    return {"docs": ordinal, "rejected": sum(r.count for r, _ in rejects), "bytes": split.bytes,
+            "split": split_index, "columns": extras.save_split_types(job.work, split_index, columns)}
 
 
 def _document_batches(job: Job, split: Split, rejects: list[tuple[Reject, str]]) -> Iterator[list[tuple[Doc, str]]]:

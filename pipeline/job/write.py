@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.format import CORPUS_SCHEMA, REMOVED_SCHEMA, ShardWriter
+from pipeline.format.schemas import SOURCE_COLUMN, with_columns
 from pipeline.format.signature_index import write_index_files
 from pipeline.job.datasets import (
     CLUSTERS_OUT,
@@ -23,16 +24,18 @@ from pipeline.job.datasets import (
     index_file,
 )
 from pipeline.job.exact import exact_of
+from pipeline.job.extras import SplitColumns
 from pipeline.job.stats import split_stats
 from pipeline.job.tasks import Job, run_once
 
 
-def write_split(job: Job, split_index: int) -> dict[str, Any]:
-    """One split's output, once: its shards, removed shards, totals and the size of its statistics table."""
-    return run_once(job.work, WRITE_DONE.split(split_index), lambda: _write_split_now(job, split_index))
+def write_split(job: Job, split_index: int, carried: pa.Schema) -> dict[str, Any]:
+    """One split's output, once: its shards, removed shards, totals and the size of its statistics table.
+    ``carried``: the input's own columns that follow gristmill's (``pipeline.job.extras.job_schema``)."""
+    return run_once(job.work, WRITE_DONE.split(split_index), lambda: _write_split_now(job, split_index, carried))
 
 
-def _write_split_now(job: Job, split_index: int) -> dict[str, Any]:
+def _write_split_now(job: Job, split_index: int, carried: pa.Schema) -> dict[str, Any]:
     config = job.config
     docs_file = DOCS.file(split_index)
     docs = job.work.read_table(docs_file, ["key", "id", "content_hash", "origin", "domain", "language"])  # no text
@@ -95,21 +98,26 @@ def _write_split_now(job: Job, split_index: int) -> dict[str, Any]:
                            name_prefix=f"{prefix}-{split_index:05d}", run_id=job.fingerprint[:12],
                            storage_options=config.storage_options)
 
-    writer = shard_writer(config.output, CORPUS_SCHEMA, "part")
-    removed_writer = shard_writer(config.removed, REMOVED_SCHEMA, "removed") if config.removed else None
+    writer = shard_writer(config.output, with_columns(CORPUS_SCHEMA, carried), "part")
+    removed_writer = (shard_writer(config.removed, with_columns(REMOVED_SCHEMA, carried), "removed")
+                      if config.removed else None)
+    columns = SplitColumns(job.work, split_index, carried)
     from dedup.core import STATUSES
 
     removed_as = np.array(STATUSES)[status]
     text_bytes = np.zeros(n, np.int64)
     start = 0
     # the text one row group (one read batch) at a time: a task never holds the split's texts
-    for group in job.work.read_row_groups(docs_file, ["id", "text", "source", "domain", "language", "fetch_time",
-                                                      "content_hash"]):
+    for number, group in enumerate(job.work.read_row_groups(
+            docs_file, ["id", "text", "source", "domain", "language", "fetch_time", "content_hash"])):
         rows = slice(start, start + group.num_rows)
         start += group.num_rows
         text_bytes[rows] = pc.binary_length(group["text"]).to_numpy()
-        base = group.append_column("cluster_id", pa.array(cluster_id[rows], pa.string()))
+        base = group.rename_columns({"source": SOURCE_COLUMN})
+        base = base.append_column("cluster_id", pa.array(cluster_id[rows], pa.string()))
         base = base.append_column("cluster_size", pa.array(cluster_size[rows], pa.int32()))
+        for spec, column in zip(carried, columns.batch(number, group.num_rows).columns, strict=True):
+            base = base.append_column(spec, column)
         keep = kept_mask[rows]
         writer.write(base.filter(pa.array(keep)).append_column(
             "is_representative", pa.array(np.ones(int(keep.sum()), bool))))

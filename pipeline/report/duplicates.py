@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from pipeline.format import JOB_FINGERPRINT_KEY, Corpus, CorpusError
+from pipeline.format.schemas import source_column
 from pipeline.report.progress import Progress
 
 REMOVED_COLUMNS = ("removed_as", "duplicate_of", "similarity")
@@ -107,7 +108,10 @@ def open_removed(corpus: Corpus, removed_url: str | None = None) -> Corpus:
 
 def row_groups(corpus: Corpus, columns: list[str], stride: int = 1) -> Iterator[pa.Table]:
     """Every ``stride``-th row group of ``corpus`` (``columns`` only; every one by default), one at a time:
-    what a pass holds is one row group."""
+    what a pass holds is one row group. ``"source"`` is gristmill's source column, whatever the
+    corpus's format version calls it (a version 3 corpus's ``source`` is the input's own)."""
+    name = source_column(corpus.schema)
+    read = [name if column == "source" else column for column in columns]
     seen = 0
     for shard in corpus.shards:
         chosen = [g for g in range(len(shard.row_groups)) if (seen + g) % stride == 0]
@@ -117,7 +121,7 @@ def row_groups(corpus: Corpus, columns: list[str], stride: int = 1) -> Iterator[
         with corpus.fs.open(corpus.shard_path(shard), "rb") as handle:
             parquet = pq.ParquetFile(handle)
             for group in chosen:
-                yield parquet.read_row_group(group, columns=columns, use_threads=False)
+                yield parquet.read_row_group(group, columns=read, use_threads=False).rename_columns(columns)
 
 
 SIMILARITY_BIN = 0.02  # width of a similarity histogram bin

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dedup.lsh import band_hashes
-from pipeline.format.manifest import CorpusError
+from pipeline.format.manifest import MANIFEST_NAME, CorpusError
 from pipeline.format.reader import Corpus
 from pipeline.format.schemas import index_schema
 from pipeline.format.signature_index import (
@@ -143,7 +143,7 @@ def load_corpus_index(url: str, rows_path: str, part: tuple[int, int] = (0, 1)) 
     index = corpus.manifest.extra.get("signature_index")
     if not isinstance(index, dict):
         raise CorpusError(f"{url}: the corpus has no signature index (not built by gristmill dedup)")
-    params = params_from_dict(index.get("params") or {}, f"{url}/manifest.json")
+    params = params_from_dict(index.get("params") or {}, f"{url}/{MANIFEST_NAME}")
     files = [f.url for f in listed_index_files(corpus)]
     schema = index_schema(params.num_perm, params.bands)
 

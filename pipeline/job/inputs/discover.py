@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import fsspec
 
-from pipeline.format import MANIFEST_NAME, Corpus, CorpusError
+from pipeline.format import MANIFEST_NAMES, Corpus, CorpusError, has_manifest
 from pipeline.format.storage import is_local
 from pipeline.job.inputs.records import InputError, InputFile, printable
 
@@ -82,10 +82,10 @@ def _expand(fs: fsspec.AbstractFileSystem, spec: str, storage_options: Mapping[s
     its manifest's shards with their row counts (a shard that is gone still counts its rows) and checksums."""
     _, path = fsspec.core.url_to_fs(spec, **dict(storage_options or {}))
     if fs.isdir(path):
-        if fs.exists(posixpath.join(path, MANIFEST_NAME)):
+        if has_manifest(fs, path):
             return _corpus_shards(fs, path, storage_options)
         found = {p: info for p, info in fs.find(path, detail=True).items()
-                 if classify(p) is not None or posixpath.basename(p) == MANIFEST_NAME}
+                 if classify(p) is not None or posixpath.basename(p) in MANIFEST_NAMES}
         return _outside_corpora(fs, path, found, storage_options, walked=True)
     if any(ch in path for ch in "*?["):
         found = {p: info for p, info in fs.glob(path, detail=True).items() if info.get("type") != "directory"}
@@ -123,7 +123,7 @@ def _outside_corpora(fs: fsspec.AbstractFileSystem, top: str, found: Mapping[str
         folder = posixpath.dirname(file)
         while folder.startswith(top) and folder != posixpath.dirname(folder):
             if folder not in holds_manifest:
-                holds_manifest[folder] = fs.exists(posixpath.join(folder, MANIFEST_NAME))
+                holds_manifest[folder] = has_manifest(fs, folder)
             if holds_manifest[folder]:
                 return folder
             folder = posixpath.dirname(folder)
@@ -134,7 +134,7 @@ def _outside_corpora(fs: fsspec.AbstractFileSystem, top: str, found: Mapping[str
     for file, info in sorted(found.items()):
         folder = corpus_folder(file)
         if folder is None:
-            if posixpath.basename(file) != MANIFEST_NAME:
+            if posixpath.basename(file) not in MANIFEST_NAMES:
                 result.append((file, int(info.get("size") or 0), None, content_identity(fs, file, info)))
             continue
         if folder not in listed:

@@ -11,6 +11,7 @@ import orjson
 
 from pipeline.job.inputs.records import (
     Doc,
+    Extra,
     InputFile,
     Piece,
     ReadOptions,
@@ -89,7 +90,23 @@ def _jsonl_record(item: InputFile, lineno: int, raw: bytes, options: ReadOptions
     except UnicodeEncodeError as exc:  # JSON may escape lone surrogates ("\ud800"), which are not text
         return Reject(item.source, position, "invalid_utf8", f"invalid Unicode in text ({exc.reason} at {exc.start})",
                       len(raw))
-    return check(record_doc(item, position, text, record.get("url"), record, options), size, options)
+    consumed = options.consumed
+    others = {name: value for name, value in record.items() if name not in consumed}
+    for name, value in others.items():
+        kind = type(value)
+        if kind is dict or kind is list or (kind is int and not -(2**63) <= value < 2**63):
+            others[name] = _json_text(value)
+    extra = Extra(item.source, values=others) if others else None
+    return check(record_doc(item, position, text, record.get("url"), record, options, extra), size, options)
+
+
+def _json_text(value: Any) -> str:
+    """How the corpus carries an object, an array or an integer beyond 64 bits: its JSON text
+    (``pipeline.job.extras``). Done here, per line, so a value that cannot be written rejects its line."""
+    try:
+        return orjson.dumps(value).decode("utf-8")
+    except orjson.JSONEncodeError:  # lone surrogates, huge integers, nesting orjson refuses
+        return json.dumps(value)
 
 
 def _json_fallback(item: InputFile, position: str, raw: bytes, options: ReadOptions) -> Any:

@@ -7,8 +7,10 @@ from typing import Any
 
 import fsspec
 
+from pipeline.format.schemas import LEGACY_SOURCE_COLUMN, SOURCE_COLUMN, passes_through, source_column
 from pipeline.job.inputs.records import (
     Doc,
+    Extra,
     InputFile,
     Piece,
     ReadOptions,
@@ -22,7 +24,7 @@ from pipeline.job.inputs.records import (
 )
 
 # -- Parquet -----------------------------------------------------------------------------------
-_PARQUET_EXTRA = ("url", "final_url", "source", "domain", "language", "fetch_time")
+_PARQUET_EXTRA = ("url", "final_url", SOURCE_COLUMN, LEGACY_SOURCE_COLUMN, "domain", "language", "fetch_time")
 
 
 def _text_column_problem(schema: Any, column: str) -> str | None:
@@ -73,8 +75,16 @@ def read_parquet(piece: Piece, options: ReadOptions,
                 yield Reject(item.source, "file", "unparseable", problem, item.size, count=metadata.num_rows)
             return
         extra = [options.prefer_column] if options.prefer_column else []
+        # a column named twice cannot be selected by name: it is neither read nor carried
         wanted = [c for c in dict.fromkeys([options.text_column, options.id_column, *_PARQUET_EXTRA, *extra])
                   if schema.names.count(c) == 1]
+        carried = [c for c in schema.names
+                   if schema.names.count(c) == 1 and passes_through(c, options.text_column, options.id_column)]
+        read = list(dict.fromkeys([*wanted, *carried]))
+        # a dedup corpus shard's own source column is where its documents came from (format 1 and 2 call
+        # it "source"); in a folder `gristmill index` made a corpus, "source" is the user's
+        legacy = item.rows is not None and "cluster_id" in schema.names
+        source = source_column(schema) if legacy else SOURCE_COLUMN
         row = 0
         for group, rows in enumerate(group_rows):
             if not _row_group_in(metadata, group, piece):
@@ -83,11 +93,12 @@ def read_parquet(piece: Piece, options: ReadOptions,
             try:
                 # no threads: threaded reads through a Python file object abort the process now and
                 # then (apache/arrow#34314); the job's parallelism is across splits anyway
-                table = parquet.read_row_group(group, columns=wanted, use_threads=False)
+                table = parquet.read_row_group(group, columns=read, use_threads=False)
                 if table.num_rows != rows:
                     raise ValueError(f"{table.num_rows} rows decoded where the footer says {rows}")
                 texts = table.column(options.text_column).cast(pa.binary()).to_pylist()
                 columns = {c: _python_values(table.column(c)) for c in wanted if c != options.text_column}
+                passing = table.select(carried) if carried else None
             except Exception as exc:  # noqa: BLE001 - a damaged row group costs its rows, not the file
                 yield Reject(item.source, f"row group {group} (rows {row}-{row + rows - 1})", "corrupt",
                              f"corrupt Parquet row group ({describe(exc)})",
@@ -96,8 +107,9 @@ def read_parquet(piece: Piece, options: ReadOptions,
                 continue
             for offset, raw in enumerate(texts):
                 try:
+                    extra = Extra(item.source, table=passing, row=offset) if passing is not None else None
                     record = _parquet_record(item, row + offset, raw, {c: v[offset] for c, v in columns.items()},
-                                             options)
+                                             options, source, extra)
                 except Exception as exc:  # noqa: BLE001 - one row's failure rejects that row only
                     record = failed(item, f"row {row + offset}", exc, len(raw or b""))
                 yield record
@@ -128,7 +140,7 @@ def _python_values(column: Any) -> list[Any]:
 
 
 def _parquet_record(item: InputFile, row: int, raw: bytes | None, values: Mapping[str, Any],
-                    options: ReadOptions) -> Doc | Reject:
+                    options: ReadOptions, source: str, extra: Extra | None) -> Doc | Reject:
     position = f"row {row}"
     if raw is None:
         return Reject(item.source, position, "empty", "null text", 0)
@@ -136,6 +148,6 @@ def _parquet_record(item: InputFile, row: int, raw: bytes | None, values: Mappin
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         return Reject(item.source, position, "invalid_utf8", f"invalid UTF-8 at byte {exc.start}", len(raw))
-    url = values.get("final_url") or values.get("url") or values.get("source")
-    return check(record_doc(item, position, text, url, values, options), len(raw), options)
+    url = values.get("final_url") or values.get("url") or values.get(source)
+    return check(record_doc(item, position, text, url, values, options, extra), len(raw), options)
 

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 import xxhash
 
+from pipeline.format.schemas import RESERVED_COLUMNS
+
 KEY_BITS = 32  # ordinal bits of a document key; a split holds at most 2**32 records
 FIELDS_SHOWN = 10  # field names a "no text field" reason lists
 
@@ -79,6 +81,18 @@ class Split:
         return sum(p.bytes for p in self.pieces)
 
 
+@dataclass(frozen=True)
+class Extra:
+    """A record's input columns that gristmill does not consume, carried to the shards under their own
+    names (``pipeline.job.extras``): a JSONL record's other fields (``values``), or a Parquet row
+    (``row`` of ``table``, its row group's pass-through columns as Arrow read them)."""
+
+    file: str  # the input file, named when its columns conflict with another file's
+    values: Mapping[str, Any] | None = None
+    table: Any = None
+    row: int = 0
+
+
 @dataclass
 class Doc:
     """A parsed document before normalisation."""
@@ -92,6 +106,7 @@ class Doc:
     position: str
     url: str | None = None  # the document's own URL, when it has one (``source`` may be the input file)
     preferred: Any = None  # the value of the input column the survivor policy reads (ReadOptions.prefer_column)
+    extra: Extra | None = None  # the input's other columns, to pass through (None: it has none)
 
 
 @dataclass
@@ -118,6 +133,11 @@ class ReadOptions:
     id_column: str = "id"
     max_doc_bytes: int = 10 * 1024 * 1024
     prefer_column: str | None = None  # the survivor policy's column (pipeline.job.prefer), read as Doc.preferred
+
+    @cached_property
+    def consumed(self) -> frozenset[str]:
+        """The input columns the job consumes; every other passes through (``passes_through``)."""
+        return RESERVED_COLUMNS | {self.text_column, self.id_column}
 
 
 
@@ -207,7 +227,7 @@ def names_found(names: Iterable[str]) -> str:
 
 
 def record_doc(item: InputFile, position: str, text: str, url: Any, fields: Mapping[str, Any],
-                options: ReadOptions) -> Doc:
+                options: ReadOptions, extra: Extra | None = None) -> Doc:
     """A document from one JSONL record or Parquet row: its URL (else the file) is the source."""
     url = optional_str(url)
     return Doc(
@@ -220,5 +240,6 @@ def record_doc(item: InputFile, position: str, text: str, url: Any, fields: Mapp
         position=position,
         url=url,
         preferred=fields.get(options.prefer_column) if options.prefer_column else None,
+        extra=extra,
     )
 
