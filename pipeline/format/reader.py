@@ -55,7 +55,8 @@ def _read_manifest(url: str, fs: fsspec.AbstractFileSystem, root: str) -> tuple[
         try:
             # start=0: one GET. Without a range, s3fs asks the size first (a HEAD): a round trip
             # more for each of the two reads before a first batch (0.1 s each at 100 ms latency).
-            return fs.cat_file(posixpath.join(root, name), start=0).decode("utf-8"), where
+            with naming(where, "read", is_local(fs)):
+                return fs.cat_file(posixpath.join(root, name), start=0).decode("utf-8"), where
         except (FileNotFoundError, NotADirectoryError):
             continue
         except UnicodeDecodeError:
