@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import fsspec
-
+from pipeline.job.inputs.faults import raise_storage_fault
 from pipeline.job.inputs.records import (
     Doc,
     InputFile,
@@ -20,6 +19,7 @@ from pipeline.job.inputs.records import (
     names_found,
     record_doc,
 )
+from pipeline.job.inputs.streams import open_piece
 
 # -- Parquet -----------------------------------------------------------------------------------
 _PARQUET_EXTRA = ("url", "final_url", "source", "domain", "language", "fetch_time")
@@ -49,11 +49,12 @@ def read_parquet(piece: Piece, options: ReadOptions,
 
     item = piece.file
     first = piece.start == 0  # what concerns the whole file is its first piece's to report
-    with fsspec.open(item.url, "rb", **dict(storage_options or {})) as handle:
+    with open_piece(piece, storage_options) as handle:
         try:
             parquet = pq.ParquetFile(handle, page_checksum_verification=True)  # CRCs where written
             metadata, schema = parquet.metadata, parquet.schema_arrow
         except Exception as exc:  # noqa: BLE001 - a footer that cannot be read, whatever pyarrow raises
+            raise_storage_fault(exc)  # a throttle or a missing file is no damage
             if first:
                 yield file_reject(item, "file", "corrupt", f"corrupt Parquet file ({describe(exc)})", item.size)
             return
@@ -89,6 +90,7 @@ def read_parquet(piece: Piece, options: ReadOptions,
                 texts = table.column(options.text_column).cast(pa.binary()).to_pylist()
                 columns = {c: _python_values(table.column(c)) for c in wanted if c != options.text_column}
             except Exception as exc:  # noqa: BLE001 - a damaged row group costs its rows, not the file
+                raise_storage_fault(exc)  # a throttle or a missing file is no damage
                 yield Reject(item.source, f"row group {group} (rows {row}-{row + rows - 1})", "corrupt",
                              f"corrupt Parquet row group ({describe(exc)})",
                              metadata.row_group(group).total_byte_size, count=rows)
