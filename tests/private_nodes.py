@@ -107,7 +107,6 @@ def private_nodes(env: Mapping[str, str] | None = None, workers: int = 2) -> Ite
                 "RAY_AUTH_TOKEN": secrets.token_hex(32),
                 "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     node_env.pop("RAY_ADDRESS", None)
-    before = ADDRESS_FILE.read_bytes() if ADDRESS_FILE.exists() else None
     port = free_port()
     cluster = PrivateNodes(f"127.0.0.1:{port}", data, node_env)
     common = ["--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats"]
@@ -126,11 +125,16 @@ def private_nodes(env: Mapping[str, str] | None = None, workers: int = 2) -> Ite
     finally:
         for session in reversed(cluster.sessions):
             kill_session(session)
-        after = ADDRESS_FILE.read_bytes() if ADDRESS_FILE.exists() else None
         shutil.rmtree(root, ignore_errors=True)
-        if after != before:  # never leave another test's ray.init() a cluster to join
-            if before is None:
-                ADDRESS_FILE.unlink()
-            else:
-                ADDRESS_FILE.write_bytes(before)
-            raise AssertionError(f"the private cluster wrote {ADDRESS_FILE}")
+        # never leave another test's ray.init() this cluster to join (other Rays on the machine may
+        # write the file too: only this cluster's address is ours to find there)
+        if _address_file() == cluster.address:
+            ADDRESS_FILE.unlink()
+            raise AssertionError(f"the private cluster wrote its address in {ADDRESS_FILE}")
+
+
+def _address_file() -> str | None:
+    try:
+        return ADDRESS_FILE.read_text().strip()
+    except OSError:
+        return None

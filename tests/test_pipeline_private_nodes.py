@@ -53,17 +53,19 @@ def store(s3_server: dict) -> Iterator[ShapedStore]:
 
 
 @pytest.fixture(scope="module")
-def bucket(store: ShapedStore) -> tuple[str, int]:
-    """A bucket with three JSONL inputs under raw/; (its URL, the documents they hold)."""
+def bucket(store: ShapedStore) -> tuple[str, int, int]:
+    """A bucket with three JSONL inputs under raw/; (its URL, the documents they hold, a split size that
+    gives a.jsonl a split of its own, b.jsonl whole with the start of c.jsonl, and the rest of c)."""
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": store.endpoint}, skip_instance_cache=True)
     fs.mkdir("private-nodes")
     rng = random.Random(26)
-    total = 0
-    for name in "abc":
-        docs = documents(name, 300, rng)
-        fs.pipe_file(f"private-nodes/raw/{name}.jsonl", "".join(json.dumps(d) + "\n" for d in docs).encode())
-        total += len(docs)
-    return "s3://private-nodes", total
+    total, sizes = 0, []
+    for name, count in (("a", 300), ("b", 100), ("c", 300)):
+        docs = documents(name, count, rng)
+        data = "".join(json.dumps(d) + "\n" for d in docs).encode()
+        fs.pipe_file(f"private-nodes/raw/{name}.jsonl", data)
+        total, sizes = total + len(docs), [*sizes, len(data)]
+    return "s3://private-nodes", total, sizes[0] + 1024
 
 
 @pytest.fixture(scope="module")
@@ -111,14 +113,15 @@ def the_error(result: subprocess.CompletedProcess) -> str:
 
 
 def test_throttled_s3_job_on_private_nodes_keeps_the_ids_of_a_local_run(
-        cluster: PrivateNodes, shaped: ShapedStore, bucket: tuple[str, int]) -> None:
-    url, total = bucket
-    cut = ["--split-bytes", "40KiB"]  # several splits, cut files: every node reads, count_newlines runs
+        cluster: PrivateNodes, shaped: ShapedStore, bucket: tuple[str, int, int]) -> None:
+    url, total, split_bytes = bucket
+    cut = ["--split-bytes", str(split_bytes)]  # 3 splits (one per node), c.jsonl cut, b.jsonl whole
     local = dedup(cluster, f"{url}/raw/", "-o", f"{url}/local", *cut, on_cluster=False)
     assert local.returncode == 0, local.stderr[-3000:]
 
     shaped.reset_stats()
-    shaped.fail("/private-nodes/raw/b.jsonl", 7)  # more 503s than the client's default 5 attempts
+    # more 503s than botocore's default 5 attempts: a read of b.jsonl has to try again
+    shaped.fail("/private-nodes/raw/b.jsonl", 7)
     work = f"{url}/work-elsewhere"
     result = dedup(cluster, f"{url}/raw/", "-o", f"{url}/out", *cut, "--work-dir", work, "--keep-work")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -133,8 +136,8 @@ def test_throttled_s3_job_on_private_nodes_keeps_the_ids_of_a_local_run(
 
 
 def test_an_input_on_one_nodes_disk_is_refused_naming_it(
-        cluster: PrivateNodes, shaped: ShapedStore, bucket: tuple[str, int]) -> None:
-    url, _ = bucket
+        cluster: PrivateNodes, shaped: ShapedStore, bucket: tuple[str, int, int]) -> None:
+    url, _, _ = bucket
     folder = cluster.data / "head-only"
     folder.mkdir()
     docs = documents("h", 50, random.Random(1))
@@ -146,8 +149,8 @@ def test_an_input_on_one_nodes_disk_is_refused_naming_it(
 
 
 def test_a_local_output_is_refused_before_any_work(
-        cluster: PrivateNodes, shaped: ShapedStore, bucket: tuple[str, int]) -> None:
-    url, _ = bucket
+        cluster: PrivateNodes, shaped: ShapedStore, bucket: tuple[str, int, int]) -> None:
+    url, _, _ = bucket
     output = cluster.data / "corpus"
     result = dedup(cluster, f"{url}/raw/a.jsonl", "-o", str(output))
     line = the_error(result)
@@ -157,8 +160,8 @@ def test_a_local_output_is_refused_before_any_work(
 
 
 def test_an_input_that_stays_unreadable_fails_the_job_naming_it(
-        cluster: PrivateNodes, shaped: ShapedStore, bucket: tuple[str, int], tmp_path: Path) -> None:
-    url, _ = bucket
+        cluster: PrivateNodes, shaped: ShapedStore, bucket: tuple[str, int, int], tmp_path: Path) -> None:
+    url, _, _ = bucket
     shaped.fail("/private-nodes/raw/c.jsonl", None)  # every request, for as long as the job tries
     job = tmp_path / "job.toml"  # the client tries once a request: the job's own retries are what is left
     job.write_text("[storage_options.config_kwargs.retries]\nmode = \"standard\"\nmax_attempts = 1\n")
