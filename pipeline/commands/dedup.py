@@ -18,7 +18,7 @@ from typing import Any
 # Command-line options that map one to one onto DedupConfig fields.
 _OPTIONS = ("threshold", "num_perm", "ngram", "bands", "rows", "seed", "text_column", "id_column",
             "max_doc_bytes", "split_bytes", "num_partitions", "partition_bytes", "spill_bytes", "cc_rows_per_task",
-            "removed", "against", "shard_bytes", "row_group_bytes", "prefer")
+            "removed", "against", "shard_bytes", "row_group_bytes", "prefer", "work_dir")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,8 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: none)")
     size_flag("--shard-bytes", "target shard size")
     size_flag("--row-group-bytes", "target row group size")
+    parser.add_argument("--work-dir", metavar="URL",
+                        help="the folder for intermediate results (any fsspec URL; on a cluster of several "
+                             "nodes one every node reaches, e.g. object storage); empty or an earlier run's, "
+                             "removed after success (default: OUTPUT/_work)")
     parser.add_argument("--keep-work", action="store_true", default=None,
-                        help="keep OUTPUT/_work (intermediate results) after success")
+                        help="keep the work folder (intermediate results) after success")
     parser.add_argument("--overwrite", action="store_true", default=None,
                         help="replace a committed corpus that a different job wrote in OUTPUT; re-running the same "
                              "job resumes without it")

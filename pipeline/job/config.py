@@ -4,11 +4,14 @@ hashing parameters it implies, and :class:`DedupError` for a job that cannot run
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.format.signature_index import IndexParams, ParamsError, params_for
+from pipeline.job.datasets import WORK_FOLDER
+from pipeline.job.inputs.faults import with_client_retries
 from pipeline.job.partitions import PARTITION_BYTES
 
 SEND_BUFFER_BYTES = 64 * 1024 * 1024
@@ -45,6 +48,7 @@ class DedupConfig:
     row_group_bytes: int = 4 * 1024 * 1024
     prefer: str | list[str] = "longest"  # the survivor policy (pipeline.job.prefer); a list: ranked domains
     keep_work: bool = False
+    work_dir: str | None = None  # the intermediate results' folder (any fsspec URL); None: OUTPUT/_work
     overwrite: bool = False  # replace a committed corpus another job wrote in output/removed
     storage_options: dict[str, Any] = field(default_factory=dict)
 
@@ -52,6 +56,23 @@ class DedupConfig:
         # one earlier corpus may be given as a string (the job file's `against = "..."`); each counts once
         against = [self.against] if isinstance(self.against, str) else list(self.against or [])
         self.against = list(dict.fromkeys(against))
+        # an S3 client that retries throttles and resets itself, unless the user chose its retries
+        self.storage_options = with_client_retries(self.storage_options or {}, self.urls)
+
+    @property
+    def urls(self) -> list[str]:
+        """Every folder and INPUT the job touches."""
+        return [*self.inputs, self.output, *([self.removed] if self.removed else []), *self.against,
+                *([self.work_dir] if self.work_dir else [])]
+
+    @property
+    def default_work_url(self) -> str:
+        return posixpath.join(self.output.rstrip("/"), WORK_FOLDER)
+
+    @property
+    def work_url(self) -> str:
+        """The work folder: ``work_dir``, or ``_work`` inside the output."""
+        return (self.work_dir or self.default_work_url).rstrip("/")
 
     @property
     def send_bytes(self) -> int:

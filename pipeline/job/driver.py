@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import posixpath
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -42,7 +41,6 @@ from pipeline.job.datasets import (
     JOB_RECORD,
     REJECTS,
     TIMINGS,
-    WORK_FOLDER,
     band_file,
     index_file,
     rejects_file,
@@ -52,6 +50,7 @@ from pipeline.job.earlier import figures, run_earlier, shuffled_indices, sorted_
 from pipeline.job.exact import run_exact
 from pipeline.job.inputs import InputFile, Split, plan_splits, resolve_inputs
 from pipeline.job.keys import check_split_count
+from pipeline.job.nodes import check_local_paths
 from pipeline.job.partitions import Partitions, partitions_for
 from pipeline.job.plan import against_index_files, claim_folders, job_fingerprint
 from pipeline.job.prefer import Preference, check_input_column, parse_preference
@@ -135,7 +134,17 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
             if on_stage is not None:
                 on_stage(name)
         return finished.stats
-    work = WorkDir(posixpath.join(config.output.rstrip("/"), WORK_FOLDER), config.storage_options)
+    if not ray.is_initialized():
+        # RAY_ADDRESS (set by `ray job submit`) joins that cluster; otherwise start a private local Ray
+        # rather than attach to whatever cluster this machine happens to run.
+        address = os.environ.get("RAY_ADDRESS") or "local"
+        local = {"include_dashboard": False} if address == "local" else {}  # the dashboard costs seconds
+        if address == "local":
+            for name, value in WORKER_ALLOCATOR_ENV.items():  # inherited by the workers this starts
+                os.environ.setdefault(name, value)
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
+    check_local_paths(ray, config, files)  # on several nodes, before anything is written
+    work = WorkDir(config.work_url, config.storage_options)
     previous = work.read_json(JOB_RECORD)
     # the shuffles and the components' rounds depend on these too
     identity = {"fingerprint": fingerprint, "partitions": config.num_partitions, "cc_rows": config.cc_rows_per_task}
@@ -148,15 +157,6 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
     job = Job(dataclasses.replace(config, inputs=[]), params, work, index_files, fingerprint, len(splits), preference,
               on_task=progress.task_done if progress is not None else None)
 
-    if not ray.is_initialized():
-        # RAY_ADDRESS (set by `ray job submit`) joins that cluster; otherwise start a private local Ray
-        # rather than attach to whatever cluster this machine happens to run.
-        address = os.environ.get("RAY_ADDRESS") or "local"
-        local = {"include_dashboard": False} if address == "local" else {}  # the dashboard costs seconds
-        if address == "local":
-            for name, value in WORKER_ALLOCATOR_ENV.items():  # inherited by the workers this starts
-                os.environ.setdefault(name, value)
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
     run_tasks = make_runner(ray, job.on_task)
     timings: dict[str, float] = dict(work.read_json(TIMINGS) or {})
     resumed: list[str] = []

@@ -10,6 +10,8 @@ Three rules, each a clear error (``FolderError``) before the first task starts:
   a command is an idempotent resume. A folder holding anything that is not ours is refused the same way.
 - After the new manifest commits, files of ours that it does not list are removed
   (:func:`pipeline.format.remove_unlisted`), never before.
+- A ``--work-dir`` of its own is outside all of those (like them), and empty or a work folder of ours
+  (it is removed after success: a folder of other files would go with it).
 """
 
 from __future__ import annotations
@@ -109,3 +111,15 @@ def claim(url: str, fingerprint: str, overwrite: bool, flag: str,
         if foreign is not None:
             raise FolderError(f"{flag} {url} is not empty and holds no gristmill corpus (found {foreign}); {hint}")
     return None
+
+
+def check_work_dir(url: str, record: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Refuse a ``--work-dir`` that holds files but no work ``record`` of ours: the job removes its work
+    folder after success, and must never remove what it did not write."""
+    fs, root = open_fs(url, storage_options)
+    if not fs.exists(root) or fs.exists(posixpath.join(root, record)):
+        return
+    found = next(iter(fs.find(root)), None)
+    if found is not None:
+        raise FolderError(f"--work-dir {url} is not empty and is not a gristmill work folder (found {found}); "
+                          "the job removes its work folder after success: choose an empty or new folder")

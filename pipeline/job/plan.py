@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from pipeline.format import Corpus, CorpusError, open_fs
 from pipeline.format.signature_index import IndexFile, IndexParams, listed_index_files
 from pipeline.job.config import DedupConfig, DedupError
-from pipeline.job.folders import FolderError, check_disjoint, claim
+from pipeline.job.datasets import JOB_RECORD
+from pipeline.job.folders import FolderError, check_disjoint, check_work_dir, claim
 from pipeline.job.inputs import InputFile, Split
 from pipeline.job.prefer import LONGEST, Preference
 
@@ -77,10 +78,14 @@ def claim_folders(config: DedupConfig, files: list[InputFile], fingerprint: str)
     inputs = [(spec, _walked_folder(spec)) for spec in config.inputs]
     inputs = [(spec, folder) for spec, folder in inputs if folder and _is_folder(folder, config)]
     inputs += [(f.origin, f.url) for f in files]
+    # a work folder of its own (not the default, inside the output) keeps out of the others' way too
+    work = config.work_dir if config.work_url != config.default_work_url else None
     try:
         for against in config.against or [None]:  # read-only, they may overlap one another
-            check_disjoint({"-o": config.output, "--removed": config.removed, "--against": against}, inputs,
-                           config.storage_options)
+            check_disjoint({"-o": config.output, "--removed": config.removed, "--against": against,
+                            "--work-dir": work}, inputs, config.storage_options)
+        if work:
+            check_work_dir(work, JOB_RECORD, config.storage_options)
         finished = claim(config.output, fingerprint, config.overwrite, "-o", config.storage_options)
         if config.removed:
             claim(config.removed, fingerprint, config.overwrite, "--removed", config.storage_options)

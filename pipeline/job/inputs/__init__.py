@@ -2,7 +2,8 @@
 
 One module a job: ``discover`` (INPUT arguments to files), ``splits`` (the split planner), ``records``
 (the types and shared helpers), ``streams`` (decompression, bounded lines), one module per format
-(``jsonl``, ``parquet``, ``warc``) and ``readers`` (a piece read whatever its format).
+(``jsonl``, ``parquet``, ``warc``), ``readers`` (a piece read whatever its format) and ``faults`` (a
+storage fault told from damaged data).
 
 Every record a file holds comes out of :func:`read_piece` as either a :class:`Doc` or a
 :class:`Reject` naming the file and the position (line, row or byte offset), so a malformed line, a
@@ -22,12 +23,16 @@ How damage is counted (the job's identity kept + exact + near + rejected = input
   ``corrupt`` reject naming the last line (or byte offset) read whole.
 - A WARC record is checked against its Content-Length, the empty lines that must follow it, and its
   WARC-Block-Digest / WARC-Payload-Digest when present; a record that fails is one ``corrupt`` reject.
-- A Parquet row group that cannot be decoded counts its rows; a file whose footer cannot be read, or
-  a file that cannot be opened at all, is one reject for the file: a corpus shard counts the rows its
-  manifest lists, any other file counts one (its record count is unknown, and the reason says so).
+- A Parquet row group that cannot be decoded counts its rows; a file whose footer cannot be read is one
+  reject for the file: a corpus shard counts the rows its manifest lists, any other file counts one
+  (its record count is unknown, and the reason says so).
+- A storage fault is no damage (``faults``): a throttle, a reset or a timeout is retried; a file that is
+  missing, refused, or still failing after the retries raises :class:`InputUnreadable` naming it, and
+  the job stops rather than lose its documents.
 """
 
 from pipeline.job.inputs.discover import COMPRESSIONS, JSONL_SUFFIXES, classify, resolve_inputs
+from pipeline.job.inputs.faults import InputUnreadable
 from pipeline.job.inputs.readers import read_file, read_piece
 from pipeline.job.inputs.records import (
     KEY_BITS,
@@ -53,6 +58,6 @@ from pipeline.job.inputs.streams import RAW_RECORD_EXPANSION
 
 __all__ = [
     "COMPRESSIONS", "JSONL_SUFFIXES", "KEY_BITS", "RAW_RECORD_EXPANSION", "SPLIT_MAX_PIECES", "Doc", "InputError",
-    "InputFile", "Piece", "ReadOptions", "Reject", "Split", "classify", "count_newlines", "cuttable", "domain_of",
+    "InputFile", "InputUnreadable", "Piece", "ReadOptions", "Reject", "Split", "classify", "count_newlines", "cuttable", "domain_of",
     "generated_id", "needs_line_count", "number_lines", "plan_splits", "read_file", "read_piece", "resolve_inputs",
 ]

@@ -6,9 +6,9 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import fsspec
 import orjson
 
+from pipeline.job.inputs.faults import raise_storage_fault
 from pipeline.job.inputs.records import (
     Doc,
     Extra,
@@ -28,6 +28,7 @@ from pipeline.job.inputs.streams import (
     bounded_lines,
     decompressed,
     first_line_start,
+    open_piece,
     record_limit,
 )
 
@@ -37,9 +38,9 @@ def read_jsonl(piece: Piece, options: ReadOptions,
                 storage_options: Mapping[str, Any] | None) -> Iterator[Doc | Reject]:
     item = piece.file
     lineno, compression = piece.first_line - 1, item.compression
-    with fsspec.open(item.url, "rb", **dict(storage_options or {})) as raw_handle:
+    with open_piece(piece, storage_options) as raw_handle:
         try:
-            stream, compression = decompressed(item, raw_handle)
+            stream, compression = decompressed(piece, raw_handle)
             first = first_line_start(piece, stream, compression)
             if first is None:
                 return
@@ -58,6 +59,7 @@ def read_jsonl(piece: Piece, options: ReadOptions,
                     record = failed(item, f"line {lineno}", exc, len(raw))
                 yield record
         except Exception as exc:  # noqa: BLE001 - the stream itself: truncated, corrupt or unreadable
+            raise_storage_fault(exc)  # a throttle or a missing file is no damage
             yield Reject(item.source, f"line {lineno + 1}", "corrupt",
                          f"truncated or corrupt {compression or 'file'} stream after line {lineno}, the last "
                          f"line read whole ({describe(exc)}); the rest of the file is lost", 0)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import fsspec
-
 from pipeline.format.schemas import LEGACY_SOURCE_COLUMN, SOURCE_COLUMN, passes_through, source_column
+from pipeline.job.inputs.faults import raise_storage_fault
 from pipeline.job.inputs.records import (
     Doc,
     Extra,
@@ -22,6 +21,7 @@ from pipeline.job.inputs.records import (
     names_found,
     record_doc,
 )
+from pipeline.job.inputs.streams import open_piece
 
 # -- Parquet -----------------------------------------------------------------------------------
 _PARQUET_EXTRA = ("url", "final_url", SOURCE_COLUMN, LEGACY_SOURCE_COLUMN, "domain", "language", "fetch_time")
@@ -51,11 +51,12 @@ def read_parquet(piece: Piece, options: ReadOptions,
 
     item = piece.file
     first = piece.start == 0  # what concerns the whole file is its first piece's to report
-    with fsspec.open(item.url, "rb", **dict(storage_options or {})) as handle:
+    with open_piece(piece, storage_options) as handle:
         try:
             parquet = pq.ParquetFile(handle, page_checksum_verification=True)  # CRCs where written
             metadata, schema = parquet.metadata, parquet.schema_arrow
         except Exception as exc:  # noqa: BLE001 - a footer that cannot be read, whatever pyarrow raises
+            raise_storage_fault(exc)  # a throttle or a missing file is no damage
             if first:
                 yield file_reject(item, "file", "corrupt", f"corrupt Parquet file ({describe(exc)})", item.size)
             return
@@ -100,6 +101,7 @@ def read_parquet(piece: Piece, options: ReadOptions,
                 columns = {c: _python_values(table.column(c)) for c in wanted if c != options.text_column}
                 passing = table.select(carried) if carried else None
             except Exception as exc:  # noqa: BLE001 - a damaged row group costs its rows, not the file
+                raise_storage_fault(exc)  # a throttle or a missing file is no damage
                 yield Reject(item.source, f"row group {group} (rows {row}-{row + rows - 1})", "corrupt",
                              f"corrupt Parquet row group ({describe(exc)})",
                              metadata.row_group(group).total_byte_size, count=rows)

@@ -9,6 +9,7 @@ from typing import Any
 
 import fsspec
 
+from pipeline.job.inputs.faults import retrying
 from pipeline.job.inputs.records import InputFile, Piece, Split
 
 # A split's pieces are its read task's argument: at most this many keeps it a few KB whatever the
@@ -73,20 +74,24 @@ def count_newlines(piece: Piece, storage_options: Mapping[str, Any] | None = Non
     """The newlines in bytes [start - 1, end - 1) of the piece's file (from byte 0 for the first piece):
     summed over a file's earlier pieces, the lines that start before a later one (``number_lines``).
 
-    A file that cannot be read counts 0: its pieces cannot read it either, and the first one says so.
+    Read in exact ranges (no read-ahead past the piece); a transient storage fault is retried and a file
+    that cannot be read raises ``InputUnreadable`` (a count of 0 would number the later pieces' lines
+    wrong).
     """
     begin, stop = max(piece.start - 1, 0), (piece.file.size if piece.end is None else piece.end) - 1
-    count = 0
-    try:
-        with fsspec.open(piece.file.url, "rb", **dict(storage_options or {})) as handle:
+
+    def count() -> int:
+        newlines = 0
+        fs, path = fsspec.core.url_to_fs(piece.file.url, **dict(storage_options or {}))
+        with fs.open(path, "rb", size=piece.file.size, cache_type="none") as handle:
             handle.seek(begin)
             left = stop - begin
             while left > 0 and (chunk := handle.read(min(left, _COUNT_CHUNK_BYTES))):
-                count += chunk.count(b"\n")
+                newlines += chunk.count(b"\n")
                 left -= len(chunk)
-    except Exception:  # noqa: BLE001 - reading the file is the readers' business, with their rejects
-        return 0
-    return count
+        return newlines
+
+    return retrying(piece.file.url, count)
 
 
 def number_lines(splits: Sequence[Split], newlines: Mapping[int, Sequence[int | None]]) -> list[Split]:

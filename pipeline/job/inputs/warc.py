@@ -7,8 +7,7 @@ import io
 from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO, NamedTuple
 
-import fsspec
-
+from pipeline.job.inputs.faults import raise_storage_fault
 from pipeline.job.inputs.records import (
     Doc,
     InputFile,
@@ -23,7 +22,12 @@ from pipeline.job.inputs.records import (
     optional_str,
     parse_time,
 )
-from pipeline.job.inputs.streams import decompressed, first_line_start, record_limit
+from pipeline.job.inputs.streams import (
+    decompressed,
+    first_line_start,
+    open_piece,
+    record_limit,
+)
 
 WARC_DOCUMENT_TYPES = ("response", "resource", "conversion")
 # The other record types of WARC 1.1: skipped, not counted. A type outside both lists (perhaps a
@@ -192,9 +196,9 @@ def read_warc(piece: Piece, options: ReadOptions,
     record that crosses its end."""
     item = piece.file
     compression, read_whole = item.compression, piece.start  # read_whole: where the last record read whole ends
-    with fsspec.open(item.url, "rb", **dict(storage_options or {})) as handle:
+    with open_piece(piece, storage_options) as handle:
         try:
-            plain, compression = decompressed(item, handle)
+            plain, compression = decompressed(piece, handle)
             first = first_line_start(piece, plain, compression)
             if first is None:
                 return
@@ -219,6 +223,7 @@ def read_warc(piece: Piece, options: ReadOptions,
                     result = failed(item, position, exc, len(record.data))
                 yield result
         except Exception as exc:  # noqa: BLE001 - the stream itself: truncated, corrupt or unreadable
+            raise_storage_fault(exc)  # a throttle or a missing file is no damage
             after = _warc_offset(read_whole, compression)
             yield Reject(item.source, f"record after {after}", "corrupt",
                          f"truncated or corrupt {compression or 'file'} stream after {after}, where the last record "
