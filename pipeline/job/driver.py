@@ -11,6 +11,7 @@ import logging
 import os
 import posixpath
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -45,6 +46,7 @@ from pipeline.job.datasets import (
 )
 from pipeline.job.earlier import figures, run_earlier, shuffled_indices, sorted_indices, whole_indices
 from pipeline.job.exact import run_exact
+from pipeline.job.exchange import start_broker
 from pipeline.job.inputs import plan_splits, resolve_inputs
 from pipeline.job.keys import check_split_count
 from pipeline.job.partitions import Partitions, partitions_for
@@ -120,7 +122,7 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     identity = {"fingerprint": fingerprint, "partitions": config.num_partitions, "cc_rows": config.cc_rows_per_task}
     if previous is not None and previous != identity:
         log.info("work folder %s belongs to a different job; starting afresh", work.url)
-        work.remove("")
+        work.remove_all()
     work.write_json(JOB_RECORD, identity)
     # the context every task shares: without the plan (a read task is sent its own split) and without
     # the INPUT list, which can name as many files as the plan
@@ -136,6 +138,9 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
             for name, value in WORKER_ALLOCATOR_ENV.items():  # inherited by the workers this starts
                 os.environ.setdefault(name, value)
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
+    # receivers get their rows through this job's exchange (pipeline.job.exchange), dropped after each stage
+    work.exchange = f"gristmill-shuffle-{uuid.uuid4().hex[:12]}"
+    broker = start_broker(work.exchange)
     run_tasks = make_runner(ray, job.on_task)
     timings: dict[str, float] = dict(work.read_json(TIMINGS) or {})
     resumed: list[str] = []
@@ -149,7 +154,12 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
             if progress is not None:
                 progress.begin(name, total_bytes)
             begin = time.time()
-            result = body()
+            try:
+                result = body()
+            except BaseException:
+                ray.kill(broker)  # its exchanges' objects go with it
+                raise
+            ray.get(broker.forget.remote())
             timings[name] = round(time.time() - begin, 3)
             work.write_json(TIMINGS, timings)
             work.write_json(stage_record(name), {"result": result})
@@ -182,6 +192,7 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     stage("clusters", lambda: run_clusters(job, run_tasks, parts))
     written = stage("write", lambda: map_splits(write_split, job, job.split_indices))
     table = stage("stats", lambda: run_stats(job, sum(r["stats_rows"] for r in written), run_tasks))
+    ray.kill(broker)
 
     totals: dict[str, Any] = {}
     for record in written:
@@ -207,7 +218,7 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
                                storage_options=config.storage_options)
     _remove_stale(config, Corpus(config.output, committed, *open_fs(config.output, config.storage_options)))
     if not config.keep_work:
-        work.remove("")
+        work.remove_all()
     return stats
 
 
@@ -233,7 +244,7 @@ def _collect_rejects(job: Job, name: str) -> None:
     """All rejected records in one Parquet file beside the corpus (file, position, reason)."""
     tables = [job.work.read_table(REJECTS.file(i)) for i in job.split_indices]
     table = pa.concat_tables(tables) if tables else REJECT_SCHEMA.empty_table()
-    WorkDir(job.config.output, job.config.storage_options).write_table(name, table)
+    WorkDir(job.config.output, job.config.storage_options, spread_keys=False).write_table(name, table)
 
 
 def _job_summary(config: DedupConfig) -> dict[str, Any]:

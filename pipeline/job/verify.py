@@ -98,7 +98,7 @@ def _verify_right(job: Job, part: int, cc_fine: int) -> dict[str, Any]:
         sender = EdgeSender(job, edges_from(part), cc_fine)
         candidates, kept, stored = 0, 0, 0
         floor = min_matches(pairs_floor(job.params.threshold), num_perm)
-        output = WorkDir(job.config.output, job.config.storage_options)
+        output = WorkDir(job.config.output, job.config.storage_options, spread_keys=False)
         with output.table_writer(pairs_file(job.fingerprint, part), PAIRS_SCHEMA) as pairs:
             held: list[pa.Table] = []
             held_rows = 0
