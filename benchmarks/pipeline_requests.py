@@ -69,18 +69,21 @@ def generate(path: Path, megabytes: float, seed: int = 7) -> int:
     return sum(1 for _ in path.open())
 
 
-class _Marks:
-    """A progress display that notes where in the store's log each stage began (and the last one ended)."""
+class StageMarks:
+    """A progress display (``run_dedup(progress=...)``) noting where in the store's log each stage
+    began and the last one ended: ``per_stage()`` adds the requests up by stage and kind."""
 
     def __init__(self, store: ShapedStore | None) -> None:
         self.store = store
         self.marks: list[tuple[str, int]] = [("plan", self._now())]
+        self.times: list[float] = [time.perf_counter()]
 
     def _now(self) -> int:
         return len(self.store.log) if self.store is not None else 0
 
     def begin(self, stage: str, total_bytes: int | None = None) -> None:
         self.marks.append((stage, self._now()))
+        self.times.append(time.perf_counter())
 
     def task_done(self, result: dict[str, Any]) -> None:
         pass
@@ -88,6 +91,19 @@ class _Marks:
     def end(self, stage: str, resumed: bool = False) -> None:
         if stage == "stats":
             self.marks.append(("commit", self._now()))
+            self.times.append(time.perf_counter())
+
+    def seconds(self) -> dict[str, float]:
+        """Wall seconds per stage (the last, ``commit``, until now)."""
+        ends = self.times[1:] + [time.perf_counter()]
+        return {stage: round(end - begin, 1) for (stage, _), begin, end in zip(self.marks, self.times, ends, strict=True)}
+
+    def per_stage(self) -> dict[str, Counter]:
+        if self.store is None:
+            return {}
+        ends = [begin for _, begin in self.marks[1:]] + [len(self.store.log)]
+        return {stage: Counter(kind for kind, _ in self.store.log[begin:end])
+                for (stage, begin), end in zip(self.marks, ends, strict=True)}
 
 
 def run_job(inputs: str, output: str, options: dict[str, Any], budget: dict[str, int],
@@ -96,21 +112,37 @@ def run_job(inputs: str, output: str, options: dict[str, Any], budget: dict[str,
     from pipeline.job import DedupConfig, run_dedup
 
     config = DedupConfig(inputs=[inputs], output=output, storage_options=options, **budget)
-    marks = _Marks(store)
+    marks = StageMarks(store)
     began = time.perf_counter()
     stats = run_dedup(config, progress=marks)
-    wall = time.perf_counter() - began
-    per_stage: dict[str, Counter] = {}
-    if store is not None:
-        ends = [begin for _, begin in marks.marks[1:]] + [len(store.log)]
-        for (stage, begin), end in zip(marks.marks, ends, strict=True):
-            per_stage[stage] = Counter(kind for kind, _ in store.log[begin:end])
-    return wall, per_stage, stats
+    return time.perf_counter() - began, marks.per_stage(), stats
 
 
-def stage_model(stage: str, stats: dict[str, Any]) -> int | None:
-    """The requests the design promises for ``stage`` (docs/BENCHMARKS.md), or None where it has none."""
-    return None
+# Requests per stage on an object store: (per split, per partition, fixed), fitted on runs of 1x1,
+# 2x4 and 8x16 splits x partitions (every shuffle at P partitions) and rounded up; docs/BENCHMARKS.md.
+# Per task: its record (one GET) and its outputs (a PUT each); per shuffle: one listing per 1,000
+# senders and one GET per sender file, whatever P; per stage: its record, the timings.
+MODEL = {"plan": (0, 0, 12), "read": (11, 0, 3), "exact": (5, 4, 4), "sign": (7, 1, 4), "against": (8, 4, 8),
+         "buckets": (1, 3, 4), "verify": (1, 9, 6), "cc": (0, 1, 11), "clusters": (11, 8, 9),
+         "write": (13, 2, 5), "stats": (3, 0, 5), "commit": (1, 0, 8)}
+SLACK = 1.25  # the measured counts vary a little (connected components' rounds, edge batches)
+
+
+def stage_requests(stage: str, splits: int, partitions: int) -> int:
+    """The most requests ``stage`` may make at ``splits`` splits and ``partitions`` partitions per shuffle."""
+    per_split, per_partition, fixed = MODEL[stage]
+    return int(SLACK * (per_split * splits + per_partition * partitions + fixed)) + 2
+
+
+def job_partitions(stats: dict[str, Any], budget: dict[str, int]) -> int:
+    """The largest partition count of the job's shuffles, as the driver chose it."""
+    from pipeline.job.config import DedupConfig, index_params
+    from pipeline.job.partitions import partitions_for
+
+    config = DedupConfig(inputs=[], output="", **budget)
+    parts = partitions_for(stats["documents"]["input"], index_params(config), config.num_partitions,
+                           config.partition_bytes)
+    return max(parts.exact, parts.buckets, parts.verify, parts.clusters)
 
 
 def main() -> None:
@@ -160,14 +192,14 @@ def report(store: ShapedStore, fs: Any, options: dict[str, Any], size: float, do
     del store.log[:]
     wall0, per_stage, stats = run_job(inputs, output, options, budget, store)
     total: Counter = Counter()
-    print(f"\n## {size:g} MB ({docs} documents), budget {budget_name}: {stats.get('splits')} splits, "
-          f"partitions {stats.get('partitions')}")
+    splits, partitions = stats["splits"], job_partitions(stats, budget)
+    print(f"\n## {size:g} MB ({docs} documents), budget {budget_name}: {splits} splits, up to {partitions} "
+          "partitions a shuffle")
     print(f"{'stage':10s} " + " ".join(f"{k:>7s}" for k in KINDS) + f" {'total':>7s} {'model':>7s}")
     for stage, counts in per_stage.items():
         total.update(counts)
-        predicted = stage_model(stage, stats)
         print(f"{stage:10s} " + " ".join(f"{counts[k]:7d}" for k in KINDS)
-              + f" {sum(counts.values()):7d} {'' if predicted is None else predicted:>7}")
+              + f" {sum(counts.values()):7d} {stage_requests(stage, splits, partitions):7d}")
     print(f"{'all':10s} " + " ".join(f"{total[k]:7d}" for k in KINDS) + f" {sum(total.values()):7d}")
     fs.rm(output, recursive=True)
     if args.no_times:

@@ -11,7 +11,6 @@ import logging
 import os
 import posixpath
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -35,6 +34,9 @@ from pipeline.job.buckets import bucket_partition
 from pipeline.job.clusters import run_clusters
 from pipeline.job.config import DedupConfig, DedupError, index_params
 from pipeline.job.datasets import (
+    BUCKETS_IN,
+    EXACT_CLUSTERS,
+    EXACT_OUT,
     JOB_RECORD,
     REJECTS,
     TIMINGS,
@@ -46,7 +48,7 @@ from pipeline.job.datasets import (
 )
 from pipeline.job.earlier import figures, run_earlier, shuffled_indices, sorted_indices, whole_indices
 from pipeline.job.exact import run_exact
-from pipeline.job.exchange import start_broker
+from pipeline.job.exchange import end_stage, start_exchange, stop_exchange
 from pipeline.job.inputs import plan_splits, resolve_inputs
 from pipeline.job.keys import check_split_count
 from pipeline.job.partitions import Partitions, partitions_for
@@ -138,9 +140,7 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
             for name, value in WORKER_ALLOCATOR_ENV.items():  # inherited by the workers this starts
                 os.environ.setdefault(name, value)
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
-    # receivers get their rows through this job's exchange (pipeline.job.exchange), dropped after each stage
-    work.exchange = f"gristmill-shuffle-{uuid.uuid4().hex[:12]}"
-    broker = start_broker(work.exchange)
+    broker = start_exchange(work)  # on an object store, receivers get their rows through it
     run_tasks = make_runner(ray, job.on_task)
     timings: dict[str, float] = dict(work.read_json(TIMINGS) or {})
     resumed: list[str] = []
@@ -157,9 +157,9 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
             try:
                 result = body()
             except BaseException:
-                ray.kill(broker)  # its exchanges' objects go with it
+                stop_exchange(broker)
                 raise
-            ray.get(broker.forget.remote())
+            end_stage(broker)
             timings[name] = round(time.time() - begin, 3)
             work.write_json(TIMINGS, timings)
             work.write_json(stage_record(name), {"result": result})
@@ -174,13 +174,15 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     parts = partitions_for(sum(r["docs"] for r in read), params, config.num_partitions,  # follow the rows
                            config.partition_bytes)
     exact = stage("exact", lambda: run_exact(job, parts.exact, run_tasks))
-    signing = stage("sign", lambda: map_splits(lambda j, i: sign_split(j, i, parts), job, shuffled_indices(job)))
+    signing = stage("sign", lambda: map_splits(lambda j, i: sign_split(j, i, parts), job, shuffled_indices(job),
+                                               receives=[EXACT_OUT]))
     against = stage("against", lambda: _against(job, parts, run_tasks)) if config.against else None
     signed = sum(r["signed"] for r in signing) + (against["signed"] if against else 0)
     # connected components' first round is cut by a bound on its edges: a bucket of m rows gives m - 1
     fine = components.first_fine(signed * params.bands, config.cc_rows_per_task)
     buckets = stage("buckets", lambda: run_tasks(bucket_partition, [(job, p, parts.verify, fine)
-                                                                     for p in range(parts.buckets)]))
+                                                                     for p in range(parts.buckets)],
+                                                 receives=[BUCKETS_IN]))
     edges = {"candidates": sum(r["edges"] for r in buckets)}
     seeded, linked = sum(r["seeded"] for r in buckets), edges["candidates"]
     if params.verify:
@@ -190,9 +192,10 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
         seeded, linked = verified["seeded"], verified["verified"]
     cc = stage("cc", lambda: components.connected_components(job, seeded, linked, fine, run_tasks))
     stage("clusters", lambda: run_clusters(job, run_tasks, parts))
-    written = stage("write", lambda: map_splits(write_split, job, job.split_indices))
+    written = stage("write", lambda: map_splits(write_split, job, job.split_indices,
+                                                receives=[EXACT_OUT, EXACT_CLUSTERS]))
     table = stage("stats", lambda: run_stats(job, sum(r["stats_rows"] for r in written), run_tasks))
-    ray.kill(broker)
+    stop_exchange(broker)
 
     totals: dict[str, Any] = {}
     for record in written:
@@ -226,7 +229,7 @@ def _against(job: Job, parts: Partitions, run_tasks: Callable[..., list[Any]]) -
     """Stage ``against``: what the new documents can match of the sorted earlier indexes, read in part
     (``pipeline.job.earlier``), then signed into the band and verification shuffles as a split is."""
     found = run_earlier(job, parts.buckets, run_tasks)
-    signed = map_splits(lambda j, i: sign_split(j, i, parts), job, sorted_indices(job))
+    signed = map_splits(lambda j, i: sign_split(j, i, parts), job, sorted_indices(job), receives=[EXACT_OUT])
     return {**found, "signed": sum(r["signed"] for r in signed)}
 
 

@@ -11,19 +11,23 @@ size). Requests to the store per shuffle: one listing per 1,000 senders plus S G
 objects: S x GROUPS while a round merges, then rounds x P. This is the push-based shuffle of Ray
 Data and Exoshuffle (map, merge per round, reduce), with the map reading a file the sender wrote.
 
-One :class:`ShuffleBroker` actor per job starts each dataset's exchange when its first receiver
-asks and hands every receiver its references; the driver drops them after each stage. A receiver
+One :class:`ShuffleBroker` actor per job runs each dataset's exchange before its receivers start
+(they are named where they run: ``run_tasks(..., receives=[...])``) and hands every receiver its
+references; the driver drops them after each stage. A receiver
 gets its rows in sender-name order, run by run: the order reading the files one by one gave.
 """
 
 from __future__ import annotations
 
+import functools
 import posixpath
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 
+from pipeline.job.datasets import Shuffled
 from pipeline.job.partfile import decode_segment, segments_by_destination
 
 GROUPS = 16  # destination groups a load task cuts a file into (objects per sender while merging)
@@ -54,6 +58,15 @@ def _merge(first: int, destinations: int, *pieces: dict[int, list[bytes]]) -> An
     return merged[0] if destinations == 1 else tuple(merged)
 
 
+@functools.cache
+def _remote_functions() -> tuple[Any, Any]:
+    """The load and merge tasks, defined once per process (each definition is exported to the workers)."""
+    import ray
+
+    return (ray.remote(num_cpus=1, num_returns=GROUPS + 1, max_retries=5)(_load),
+            ray.remote(num_cpus=1, max_retries=5)(_merge))
+
+
 class Exchange:
     """One dataset's exchange: the load and merge tasks, and each destination's merged objects."""
 
@@ -63,11 +76,10 @@ class Exchange:
         listing = work.fs.find(work.path() + "/" + folder, detail=True)
         files = sorted(((posixpath.basename(p), p, int(info["size"])) for p, info in listing.items()
                         if p.endswith(".part")), key=lambda f: f[0])  # sender-name order
-        load = ray.remote(num_cpus=1, num_returns=GROUPS + 1, max_retries=5)(_load)
+        load, merge = _remote_functions()
         loaded = [load.remote(work, path, size) for _, path, size in files]
         self.destinations = max(ray.get([refs[0] for refs in loaded]), default=0)
         self.senders = len(files)
-        merge = ray.remote(num_cpus=1, max_retries=5)(_merge)
         # per round, per group: the merged objects of the group's destinations, in destination order
         self.rounds: list[list[list[Any]]] = []
         for begin in range(0, len(loaded), ROUND_SENDERS):
@@ -90,14 +102,27 @@ class Exchange:
 
 
 class ShuffleBroker:
-    """A job's exchanges by dataset folder, started when their first receiver asks (a Ray actor)."""
+    """A job's exchanges by dataset folder (a Ray actor): prepared before their receivers start, so
+    that no receiver sits waiting on a worker while the loads and merges need one."""
 
     def __init__(self) -> None:
         self.exchanges: dict[str, Exchange] = {}
 
-    def refs(self, work: Any, folder: str, destination: int) -> list[Any]:
+    def prepare(self, work: Any, folders: list[str]) -> None:
+        """Load and merge every dataset of ``folders`` not prepared yet; returns when all are merged."""
+        import ray
+
+        for folder in folders:
+            if folder not in self.exchanges:
+                self.exchanges[folder] = Exchange(work, folder)
+        merged = [ref for folder in folders for by_group in self.exchanges[folder].rounds
+                  for refs in by_group for ref in refs]
+        ray.wait(merged, num_returns=len(merged), fetch_local=False)
+
+    def refs(self, folder: str, destination: int) -> list[Any]:
         if folder not in self.exchanges:
-            self.exchanges[folder] = Exchange(work, folder)
+            raise RuntimeError(f"shuffle {folder} was not prepared before its receivers ran "
+                               "(name it in the receivers' run_tasks(..., receives=...))")
         return self.exchanges[folder].refs(destination)
 
     def forget(self) -> int:
@@ -107,19 +132,52 @@ class ShuffleBroker:
         return count
 
 
-def start_broker(name: str) -> Any:
-    """The job's broker actor, named so that every task of the job finds it (no CPU of its own)."""
+def start_exchange(work: Any) -> Any | None:
+    """For a work folder on an object store, the job's broker actor (None on a local disk, where a
+    receiver's read of its part of a sender's file costs a seek, not a request, and the exchange's
+    tasks would only add CPU). Named so that every task of the job finds it (``work.exchange``); no
+    CPU of its own; on the driver's node: it owns the exchanged objects, and a node that dies must not
+    take their owner along (a lost object is then rebuilt from its tasks)."""
+    if not work.atomic_put:
+        return None
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    work.exchange = f"gristmill-shuffle-{uuid.uuid4().hex[:12]}"
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.remote(num_cpus=0)(ShuffleBroker).options(name=work.exchange, scheduling_strategy=here).remote()
+
+
+def end_stage(broker: Any | None) -> None:
+    """After a stage: its exchanges' objects may go."""
+    if broker is not None:
+        import ray
+
+        ray.get(broker.forget.remote())
+
+
+def stop_exchange(broker: Any | None) -> None:
+    """After the last stage, or a failed one: the broker goes, and its objects with it."""
+    if broker is not None:
+        import ray
+
+        ray.kill(broker)
+
+
+def prepare(work: Any, datasets: Sequence[Shuffled]) -> None:
+    """Before a step's receivers start: the exchanges of the ``datasets`` they read (none outside a job)."""
     import ray
 
-    return ray.remote(num_cpus=0, max_restarts=-1)(ShuffleBroker).options(name=name).remote()
+    if work.exchange is not None and datasets:
+        ray.get(ray.get_actor(work.exchange).prepare.remote(work, [d.folder for d in datasets]))
 
 
-def received_tables(broker: str, work: Any, folder: str, destination: int) -> Iterator[pa.Table]:
+def received_tables(broker: str, folder: str, destination: int) -> Iterator[pa.Table]:
     """A receiver's rows of a dataset through the job's broker, a segment at a time, fetching
     FETCH_AT_ONCE rounds' objects together."""
     import ray
 
-    refs = ray.get(ray.get_actor(broker).refs.remote(work, folder, destination))
+    refs = ray.get(ray.get_actor(broker).refs.remote(folder, destination))
     for begin in range(0, len(refs), FETCH_AT_ONCE):
         for segments in ray.get(refs[begin: begin + FETCH_AT_ONCE]):
             for segment in segments:

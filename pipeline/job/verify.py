@@ -128,8 +128,8 @@ def run_verify(job: Job, partitions: int, cc_fine: int, run_tasks: Callable[...,
     """The stage: both hops over every key partition; the candidate and verified edge counts, the rows
     seeded into connected components, and the pairs table's manifest entry (``pairs``)."""
     indices = range(partitions)
-    run_tasks(_verify_left, [(job, p, partitions) for p in indices])
-    records = run_tasks(_verify_right, [(job, p, cc_fine) for p in indices])
+    run_tasks(_verify_left, [(job, p, partitions) for p in indices], receives=[VERIFY_SIGS, VERIFY_IN])
+    records = run_tasks(_verify_right, [(job, p, cc_fine) for p in indices], receives=[VERIFY_SIGS, VERIFY_RIGHT])
     totals: dict[str, Any] = {name: sum(r[key] for r in records) for name, key in (
         ("candidates", "candidates"), ("verified", "edges"), ("seeded", "seeded"))}
     totals["pairs"] = pairs_entry([pairs_file(job.fingerprint, p) for p in indices], job.params.threshold,

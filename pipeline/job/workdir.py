@@ -224,7 +224,7 @@ class WorkDir:
         if self.exchange is not None:
             from pipeline.job.exchange import received_tables
 
-            yield from received_tables(self.exchange, self, dataset.folder, destination)
+            yield from received_tables(self.exchange, dataset.folder, destination)
             return
         listing = self.fs.find(posixpath.join(self.root, dataset.folder))
         for path in sorted((p for p in listing if p.endswith(".part")), key=posixpath.basename):
