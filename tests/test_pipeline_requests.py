@@ -17,7 +17,7 @@ import pytest
 import s3fs
 
 from pipeline.format import Corpus
-from pipeline.job import DedupConfig, run_dedup
+from pipeline.job import DedupConfig, run_dedup, workdir
 from tests.test_pipeline_data import documents, write_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -67,3 +67,24 @@ def test_requests_per_stage_grow_as_splits_plus_partitions_not_their_product(
     kept = remote.to_table(columns=["id"])["id"].to_pylist()
     assert kept == Corpus.open(str(local)).to_table(columns=["id"])["id"].to_pylist()
     assert len(kept) < 96  # near and exact copies were removed
+
+
+def test_a_throttled_work_folder_read_is_retried_and_a_missing_record_is_not(
+        store: ShapedStore, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)  # s3fs's own retries off: the work folder's are seen
+    monkeypatch.setattr(workdir, "RETRY_BASE_S", 0.01)
+    options = {"client_kwargs": {"endpoint_url": store.endpoint},
+               "config_kwargs": {"retries": {"total_max_attempts": 1}}, "skip_instance_cache": True}
+    work = workdir.WorkDir(f"{s3_bucket}/work", options)
+    work.write_json("read/done/s=00000.json", {"docs": 3})
+    key = work.path("read/done/s=00000.json").split("/", 1)[1]
+    assert work.path("read/done/s=00000.json") != f"{s3_bucket.removeprefix('s3://')}/work/read/done/s=00000.json"
+    store.fail(f"*/{key}", count=3)  # three 503 SlowDown in a row, then the object
+    assert work.read_json("read/done/s=00000.json") == {"docs": 3}
+    store.fail(f"*/{key}", count=None)  # a store that never stops throttling: the key named, not a wrong answer
+    with pytest.raises(OSError, match="s=00000.json: still failing"):
+        work.read_json("read/done/s=00000.json")
+    store.clear_faults()
+    before = len(store.log)
+    assert work.read_json("read/done/s=00001.json") is None  # never completed: one GET, no retry
+    assert [kind for kind, _ in store.log[before:]] == ["GET"]
