@@ -22,7 +22,7 @@ from pipeline.job.workdir import WorkDir
 SPLITS = 4
 
 
-def _sequential(function: Any, argument_lists: list[tuple[Any, ...]]) -> list[Any]:
+def _sequential(function: Any, argument_lists: list[tuple[Any, ...]], receives: Any = ()) -> list[Any]:
     return [function(*arguments) for arguments in argument_lists]
 
 
@@ -104,7 +104,7 @@ def test_a_driver_killed_mid_stage_resumes_to_the_same_labels(tmp_path: Path) ->
     reference, _ = _run(_job(tmp_path / "reference", 384), left, right)
     done: list[Any] = []
 
-    def crashing(function: Any, argument_lists: list[tuple[Any, ...]]) -> list[Any]:
+    def crashing(function: Any, argument_lists: list[tuple[Any, ...]], receives: Any = ()) -> list[Any]:
         for arguments in argument_lists:
             if len(done) == 25:  # the driver dies in the middle of a round
                 raise _Crash
@@ -116,7 +116,7 @@ def test_a_driver_killed_mid_stage_resumes_to_the_same_labels(tmp_path: Path) ->
         _run(job, left, right, run_tasks=crashing)
     computed: list[Any] = []
 
-    def counting(function: Any, argument_lists: list[tuple[Any, ...]]) -> list[Any]:
+    def counting(function: Any, argument_lists: list[tuple[Any, ...]], receives: Any = ()) -> list[Any]:
         records = sorted(job.work.fs.glob(job.work.path("cc/done/**/*.json")))
         results = _sequential(function, argument_lists)
         computed.append(len(sorted(job.work.fs.glob(job.work.path("cc/done/**/*.json")))) - len(records))

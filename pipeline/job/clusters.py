@@ -33,6 +33,7 @@ from pipeline.job.datasets import (
     CLUSTERED_SURVIVORS,
     CLUSTERS_DONE,
     CLUSTERS_OUT,
+    EXACT_BY_REP,
     LABELS,
     REPS_IN,
     SIGNATURES,
@@ -139,8 +140,9 @@ def run_clusters(job: Job, run_tasks: Callable[..., list[Any]], partitions: Part
     """The stage: phase 1 per split, phase 2 per label partition, phase 3 per split, then the exact
     copies' clusters per survivor-key partition."""
     splits = job.all_split_indices  # --against pseudo-splits hold signatures and labels too
-    map_splits(lambda j, i: _cluster_map(j, i, partitions.clusters), job, splits)
-    reduced = run_tasks(_cluster_reduce, [(job, p) for p in range(partitions.clusters)])
-    map_splits(lambda j, i: _cluster_members(j, i, partitions.exact), job, splits)
-    run_tasks(exact_clusters, [(job, p) for p in range(partitions.exact)])
+    map_splits(lambda j, i: _cluster_map(j, i, partitions.clusters), job, splits, receives=[LABELS])
+    reduced = run_tasks(_cluster_reduce, [(job, p) for p in range(partitions.clusters)], receives=[REPS_IN])
+    map_splits(lambda j, i: _cluster_members(j, i, partitions.exact), job, splits, receives=[CLUSTER_REPS])
+    run_tasks(exact_clusters, [(job, p) for p in range(partitions.exact)],
+              receives=[EXACT_BY_REP, CLUSTERED_SURVIVORS])
     return reduced

@@ -271,7 +271,8 @@ def connected_components(job: Job, seeded: int, edges: int, fine: int,
         rnd = Round(number, work_fine, resolve_fine, FINE * contracts, FINE * (contracts + resolves), slots,
                     contracts == 1)
         records = run_tasks(round_task, [(job, rnd, "contract", i, contracts, seq + i) for i in range(contracts)]
-                            + [(job, rnd, "resolve", i, resolves, seq + contracts + i) for i in range(resolves)])
+                            + [(job, rnd, "resolve", i, resolves, seq + contracts + i) for i in range(resolves)],
+                            receives=[cc_work(number), cc_resolve(number)])
         contracted, resolved = records[:contracts], records[contracts:]
         for i, record in enumerate(resolved):
             for sub, size in enumerate(_files(record["moves"], budget)):
@@ -291,7 +292,8 @@ def connected_components(job: Job, seeded: int, edges: int, fine: int,
     # a settle task also reads the replies to its moves (counted only in total) and the final labels
     room = max(1, budget - final_rows) * loads.sum() // max(1, loads.sum() + replies)
     groups = _slot_groups(loads, max(1, room))
-    settled = run_tasks(settle_task, [(job, slot_range, finished, seq + i) for i, slot_range in enumerate(groups)])
+    settled = run_tasks(settle_task, [(job, slot_range, finished, seq + i) for i, slot_range in enumerate(groups)],
+                        receives=[CC_SETTLE])
     if settled:
         largest.append(max(r["rows"] for r in settled))
     nodes += sum(r["moves"] for r in settled)

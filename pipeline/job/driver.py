@@ -38,6 +38,9 @@ from pipeline.job.buckets import bucket_partition
 from pipeline.job.clusters import run_clusters
 from pipeline.job.config import DedupConfig, DedupError, index_params
 from pipeline.job.datasets import (
+    BUCKETS_IN,
+    EXACT_CLUSTERS,
+    EXACT_OUT,
     JOB_RECORD,
     REJECTS,
     TIMINGS,
@@ -48,6 +51,7 @@ from pipeline.job.datasets import (
 )
 from pipeline.job.earlier import figures, run_earlier, shuffled_indices, sorted_indices, whole_indices
 from pipeline.job.exact import run_exact
+from pipeline.job.exchange import end_stage, start_exchange, stop_exchange
 from pipeline.job.inputs import InputFile, Split, plan_splits, resolve_inputs
 from pipeline.job.keys import check_split_count
 from pipeline.job.nodes import check_local_paths
@@ -150,13 +154,14 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
     identity = {"fingerprint": fingerprint, "partitions": config.num_partitions, "cc_rows": config.cc_rows_per_task}
     if previous is not None and previous != identity:
         log.info("work folder %s belongs to a different job; starting afresh", work.url)
-        work.remove("")
+        work.remove_all()
     work.write_json(JOB_RECORD, identity)
     # the context every task shares: without the plan (a read task is sent its own split) and without
     # the INPUT list, which can name as many files as the plan
     job = Job(dataclasses.replace(config, inputs=[]), params, work, index_files, fingerprint, len(splits), preference,
               on_task=progress.task_done if progress is not None else None)
 
+    broker = start_exchange(work)  # on an object store, receivers get their rows through it
     run_tasks = make_runner(ray, job.on_task)
     timings: dict[str, float] = dict(work.read_json(TIMINGS) or {})
     resumed: list[str] = []
@@ -170,7 +175,12 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
             if progress is not None:
                 progress.begin(name, total_bytes)
             begin = time.time()
-            result = body()
+            try:
+                result = body()
+            except BaseException:
+                stop_exchange(broker)
+                raise
+            end_stage(broker)
             timings[name] = round(time.time() - begin, 3)
             work.write_json(TIMINGS, timings)
             work.write_json(stage_record(name), {"result": result})
@@ -186,13 +196,15 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
     parts = partitions_for(sum(r["docs"] for r in read), params, config.num_partitions,  # follow the rows
                            config.partition_bytes)
     exact = stage("exact", lambda: run_exact(job, parts.exact, run_tasks))
-    signing = stage("sign", lambda: map_splits(lambda j, i: sign_split(j, i, parts), job, shuffled_indices(job)))
+    signing = stage("sign", lambda: map_splits(lambda j, i: sign_split(j, i, parts), job, shuffled_indices(job),
+                                               receives=[EXACT_OUT]))
     against = stage("against", lambda: _against(job, parts, run_tasks)) if config.against else None
     signed = sum(r["signed"] for r in signing) + (against["signed"] if against else 0)
     # connected components' first round is cut by a bound on its edges: a bucket of m rows gives m - 1
     fine = components.first_fine(signed * params.bands, config.cc_rows_per_task)
     buckets = stage("buckets", lambda: run_tasks(bucket_partition, [(job, p, parts.verify, fine)
-                                                                     for p in range(parts.buckets)]))
+                                                                     for p in range(parts.buckets)],
+                                                 receives=[BUCKETS_IN]))
     edges = {"candidates": sum(r["edges"] for r in buckets)}
     seeded, linked = sum(r["seeded"] for r in buckets), edges["candidates"]
     if params.verify:
@@ -202,8 +214,10 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
         seeded, linked = verified["seeded"], verified["verified"]
     cc = stage("cc", lambda: components.connected_components(job, seeded, linked, fine, run_tasks))
     stage("clusters", lambda: run_clusters(job, run_tasks, parts))
-    written = stage("write", lambda: map_splits(lambda j, i: write_split(j, i, carried), job, job.split_indices))
+    written = stage("write", lambda: map_splits(lambda j, i: write_split(j, i, carried), job, job.split_indices,
+                                                receives=[EXACT_OUT, EXACT_CLUSTERS]))
     table = stage("stats", lambda: run_stats(job, sum(r["stats_rows"] for r in written), run_tasks))
+    stop_exchange(broker)
 
     totals: dict[str, Any] = {}
     for record in written:
@@ -231,7 +245,7 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
                                storage_options=config.storage_options)
     _remove_stale(config, Corpus(config.output, committed, *open_fs(config.output, config.storage_options)))
     if not config.keep_work:
-        work.remove("")
+        work.remove_all()
     return stats
 
 
@@ -239,7 +253,7 @@ def _against(job: Job, parts: Partitions, run_tasks: Callable[..., list[Any]]) -
     """Stage ``against``: what the new documents can match of the sorted earlier indexes, read in part
     (``pipeline.job.earlier``), then signed into the band and verification shuffles as a split is."""
     found = run_earlier(job, parts.buckets, run_tasks)
-    signed = map_splits(lambda j, i: sign_split(j, i, parts), job, sorted_indices(job))
+    signed = map_splits(lambda j, i: sign_split(j, i, parts), job, sorted_indices(job), receives=[EXACT_OUT])
     return {**found, "signed": sum(r["signed"] for r in signed)}
 
 
@@ -260,7 +274,7 @@ def _collect_rejects(job: Job, name: str) -> None:
     """All rejected records in one Parquet file beside the corpus (file, position, reason)."""
     tables = [job.work.read_table(REJECTS.file(i)) for i in job.split_indices]
     table = pa.concat_tables(tables) if tables else REJECT_SCHEMA.empty_table()
-    WorkDir(job.config.output, job.config.storage_options).write_table(name, table)
+    WorkDir(job.config.output, job.config.storage_options, spread_keys=False).write_table(name, table)
 
 
 def _job_summary(config: DedupConfig) -> dict[str, Any]:

@@ -170,7 +170,7 @@ def run_earlier(job: Job, band_partitions: int, run_tasks: Callable[..., list[An
     """The probes over every band partition, then the fetches: what the run read of its earlier indexes."""
     if not sorted_indices(job):  # every earlier index was read whole and shuffled by ``read``
         return {"documents": 0, "bytes_read": 0}
-    probes = run_tasks(probe_partition, [(job, part) for part in range(band_partitions)])
-    fetches = map_splits(fetch_split, job, sorted_indices(job))
+    probes = run_tasks(probe_partition, [(job, part) for part in range(band_partitions)], receives=[BUCKETS_IN])
+    fetches = map_splits(fetch_split, job, sorted_indices(job), receives=[EARLIER_KEYS])
     return {"documents": sum(r["documents"] for r in fetches),
             "bytes_read": sum(r["bytes_read"] for r in probes + fetches)}

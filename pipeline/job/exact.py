@@ -163,4 +163,4 @@ def exact_clusters(job: Job, part: int) -> dict[str, Any]:
 def run_exact(job: Job, partitions: int, run_tasks: Callable[..., list[Any]]) -> list[dict[str, Any]]:
     """The stage: the map over every split (index files included), then one reducer per partition."""
     map_splits(lambda j, i: exact_map(j, i, partitions), job, shuffled_indices(job))
-    return run_tasks(exact_partition, [(job, p, partitions) for p in range(partitions)])
+    return run_tasks(exact_partition, [(job, p, partitions) for p in range(partitions)], receives=[EXACT_IN])

@@ -113,4 +113,26 @@ def read_destination(fs: Any, path: str, destination: int) -> Iterator[pa.Table]
     ranges = np.frombuffer(fs.cat_file(path, start=entry, end=entry + 16 * runs), "<i8").reshape(runs, 2)
     for start, end in ranges.tolist():
         if end > start:
-            yield pa.ipc.open_stream(fs.cat_file(path, start=start, end=end)).read_all()
+            yield decode_segment(fs.cat_file(path, start=start, end=end))
+
+
+def segments_by_destination(data: bytes, path: str) -> tuple[int, dict[int, list[bytes]]]:
+    """A whole partitioned file's destinations and each one's segments (IPC streams, in run order),
+    checking that the bytes are the whole file its tail describes (a short read is an error)."""
+    tail = data[-_TAIL.size:]
+    if len(data) < _TAIL.size or tail[-len(MAGIC):] != MAGIC:
+        raise ValueError(f"{path} is not a partitioned work file (damaged, or written by another version)")
+    index_at, runs, count, _ = _TAIL.unpack(tail)
+    if index_at + 16 * runs * count + _TAIL.size != len(data):
+        raise ValueError(f"{path}: {len(data)} bytes, but its index describes "
+                         f"{index_at + 16 * runs * count + _TAIL.size} (a short or damaged file)")
+    ranges = np.frombuffer(data, "<i8", count=2 * runs * count, offset=index_at).reshape(count, runs, 2)
+    found: dict[int, list[bytes]] = {}
+    for destination in np.flatnonzero((ranges[:, :, 1] > ranges[:, :, 0]).any(axis=1)).tolist():
+        found[destination] = [data[start:end] for start, end in ranges[destination].tolist() if end > start]
+    return count, found
+
+
+def decode_segment(segment: bytes) -> pa.Table:
+    """One segment's rows."""
+    return pa.ipc.open_stream(segment).read_all()

@@ -14,7 +14,6 @@ breakdown with 50,000 domains thus never passes through the driver or the manife
 from __future__ import annotations
 
 import dataclasses
-import posixpath
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -118,7 +117,7 @@ def reduce_stats(job: Job, part: int, parts: int) -> dict[str, Any]:
     def compute() -> dict[str, Any]:
         pieces = []
         for split in job.split_indices:
-            url = posixpath.join(job.work.url, SPLIT_STATS.file(split))
+            url = job.work.url_of(SPLIT_STATS.file(split))
             with open_counted(url, job.config.storage_options) as (parquet, _):
                 groups = groups_in_partition(parquet.metadata, "hash", part, parts)
                 if groups:
@@ -127,7 +126,7 @@ def reduce_stats(job: Job, part: int, parts: int) -> dict[str, Any]:
                     pieces.append(rows.filter(pa.array(mine)).select(STATS_SCHEMA.names))
         table = _summed(pieces).sort_by([("breakdown", "ascending"), ("key", "ascending")])
         name = stats_file(job.fingerprint, part)
-        WorkDir(job.config.output, job.config.storage_options).write_table(name, table)
+        WorkDir(job.config.output, job.config.storage_options, spread_keys=False).write_table(name, table)
         keys = {b: 0 for b in BREAKDOWNS}
         top: dict[str, list[dict[str, Any]]] = {}
         for breakdown in BREAKDOWNS:

@@ -12,7 +12,8 @@ import pyarrow as pa
 
 from pipeline.format.signature_index import IndexFile, IndexParams
 from pipeline.job.config import DedupConfig
-from pipeline.job.datasets import BySplit, partition_name
+from pipeline.job.datasets import BySplit, Shuffled, partition_name
+from pipeline.job.exchange import prepare
 from pipeline.job.inputs import KEY_BITS
 from pipeline.job.prefer import LONGEST, Preference
 from pipeline.job.workdir import WorkDir
@@ -86,7 +87,11 @@ def make_runner(ray: Any, on_task: Callable[[dict[str, Any]], None] | None = Non
     """Ray tasks for the shuffle reducers: one task per partition, retried when a node dies; ``on_task``
     hears each task's result as it finishes (progress inside a stage)."""
 
-    def run_tasks(function: Callable[..., Any], argument_lists: list[tuple[Any, ...]]) -> list[Any]:
+    def run_tasks(function: Callable[..., Any], argument_lists: list[tuple[Any, ...]],
+                  receives: Sequence[Shuffled] = ()) -> list[Any]:
+        """``receives``: the shuffles the tasks read, exchanged first (every task is sent the job first)."""
+        if receives and argument_lists:
+            prepare(argument_lists[0][0].work, receives)
         remote = ray.remote(num_cpus=1, max_retries=5, retry_exceptions=False)(function)
         refs = [remote.remote(*task_arguments(arguments)) for arguments in argument_lists]
         if on_task is None:
@@ -102,9 +107,10 @@ def make_runner(ray: Any, on_task: Callable[[dict[str, Any]], None] | None = Non
     return run_tasks
 
 
-def map_splits(function: Callable[[Job, Item], dict[str, Any]], job: Job, items: Sequence[Item]) -> list[dict[str, Any]]:
+def map_splits(function: Callable[[Job, Item], dict[str, Any]], job: Job, items: Sequence[Item],
+               receives: Sequence[Shuffled] = ()) -> list[dict[str, Any]]:
     """A per-split stage: one Ray task per item (a split number, or the read stage's own split), retried
-    when its node dies.
+    when its node dies; ``receives``: the shuffles the tasks read (exchanged before they start).
 
     Plain tasks rather than Ray Data: each split is one opaque unit whose data goes through the work
     folder, and Ray Data's executor cost 3 s of start-up and two helper actors (~240 MB) per job here
@@ -112,4 +118,4 @@ def map_splits(function: Callable[[Job, Item], dict[str, Any]], job: Job, items:
     """
     import ray
 
-    return make_runner(ray, job.on_task)(function, [(job, item) for item in items]) if items else []
+    return make_runner(ray, job.on_task)(function, [(job, item) for item in items], receives) if items else []

@@ -98,7 +98,7 @@ def _verify_right(job: Job, part: int, cc_fine: int) -> dict[str, Any]:
         sender = EdgeSender(job, edges_from(part), cc_fine)
         candidates, kept, stored = 0, 0, 0
         floor = min_matches(pairs_floor(job.params.threshold), num_perm)
-        output = WorkDir(job.config.output, job.config.storage_options)
+        output = WorkDir(job.config.output, job.config.storage_options, spread_keys=False)
         with output.table_writer(pairs_file(job.fingerprint, part), PAIRS_SCHEMA) as pairs:
             held: list[pa.Table] = []
             held_rows = 0
@@ -128,8 +128,8 @@ def run_verify(job: Job, partitions: int, cc_fine: int, run_tasks: Callable[...,
     """The stage: both hops over every key partition; the candidate and verified edge counts, the rows
     seeded into connected components, and the pairs table's manifest entry (``pairs``)."""
     indices = range(partitions)
-    run_tasks(_verify_left, [(job, p, partitions) for p in indices])
-    records = run_tasks(_verify_right, [(job, p, cc_fine) for p in indices])
+    run_tasks(_verify_left, [(job, p, partitions) for p in indices], receives=[VERIFY_SIGS, VERIFY_IN])
+    records = run_tasks(_verify_right, [(job, p, cc_fine) for p in indices], receives=[VERIFY_SIGS, VERIFY_RIGHT])
     totals: dict[str, Any] = {name: sum(r[key] for r in records) for name, key in (
         ("candidates", "candidates"), ("verified", "edges"), ("seeded", "seeded"))}
     totals["pairs"] = pairs_entry([pairs_file(job.fingerprint, p) for p in indices], job.params.threshold,
