@@ -26,7 +26,7 @@ from loaders.concurrency import room_for_reads
 from loaders.plan import EpochOrder, Generation, Split, StreamSpec, consumed_by_batches, plan_generation
 from loaders.prefetch import Prefetcher, Window, read_inline
 from loaders.state import STATE_VERSION, Resume, SavedState, as_mapping, corpus_fingerprint, parse_state
-from loaders.tokenizers import as_tokenizer
+from loaders.tokenizers import FROM_TOKENIZER, EosChoice, as_tokenizer
 from pipeline.format import Corpus
 
 OUTPUTS = ("python", "arrow", "utf8")
@@ -75,7 +75,7 @@ class StreamingLoader:
     (``output="arrow"``), or, for moving batches between processes, ``{column: {"offsets", "utf8"}}``
     byte strings for text columns (``output="utf8"``; other columns stay lists). With ``seq_len`` set, batches are ``{"tokens", "segment_ids"}`` int32 arrays of
     shape ``[batch_size, seq_len]``: documents packed back to back (each followed by the tokenizer's
-    ``eos_id``), ``segment_ids`` numbering the documents within a row from 1 and 0 for padding, so
+    own end-of-document token, or ``eos_id`` when given; loaders/tokenizers.py), ``segment_ids`` numbering the documents within a row from 1 and 0 for padding, so
     boundaries are recoverable. ``worker_id``/``num_workers`` are set by the PyTorch adapter.
     """
 
@@ -92,6 +92,7 @@ class StreamingLoader:
         drop_last: bool = False,
         seq_len: int | None = None,
         tokenizer: object = None,
+        eos_id: EosChoice = FROM_TOKENIZER,
         pad_id: int = 0,
         steps_per_epoch: int | None = None,
         shuffle_window: int | None = None,
@@ -114,7 +115,8 @@ class StreamingLoader:
             raise ValueError(f"output must be one of {OUTPUTS}, got {shown(output)}")
         self.seq_len = optional_integer(seq_len, "seq_len", minimum=1)
         if self.seq_len is None:
-            for name, value in (("tokenizer", tokenizer), ("steps_per_epoch", steps_per_epoch)):
+            for name, value in (("tokenizer", tokenizer), ("steps_per_epoch", steps_per_epoch),
+                                ("eos_id", None if eos_id is FROM_TOKENIZER else eos_id)):
                 if value is not None:
                     raise ValueError(f"{name} applies to packed tokens only: set seq_len as well, or leave {name} out")
         elif output != "python":
@@ -134,7 +136,9 @@ class StreamingLoader:
         if self.rank >= self.world_size:
             raise ValueError(f"rank {self.rank} is not in [0, {self.world_size}): ranks count from 0 to world_size - 1")
         self.drop_last = flag(drop_last, "drop_last")
-        self.tokenizer = as_tokenizer(tokenizer) if self.seq_len is not None else None
+        if eos_id is not FROM_TOKENIZER:
+            optional_integer(eos_id, "eos_id", minimum=INT32_MIN, maximum=INT32_MAX)
+        self.tokenizer = as_tokenizer(tokenizer, eos_id) if self.seq_len is not None else None
         if self.tokenizer is not None:
             optional_integer(self.tokenizer.eos_id, "the tokenizer's eos_id", minimum=INT32_MIN, maximum=INT32_MAX)
         self.pad_id = integer(pad_id, "pad_id", minimum=INT32_MIN, maximum=INT32_MAX)
