@@ -283,12 +283,20 @@ class StreamingLoader:
             limit = math.ceil(split.per_rank / generation.batch_size)
         else:
             limit = self.steps_per_epoch
+            # What the rank's batches so far could hold: every document passed, and the tokens of the one
+            # under way, went out in them (each document with its eos at least), so a position further on
+            # is not one a run reached: it would skip documents unread and pad out the epoch instead.
+            held = saved.batches * generation.batch_size * self.seq_len
+            eos = 0 if self.tokenizer is None or self.tokenizer.eos_id is None else 1
             for rank, positions in saved.streams.items():
                 for worker, (documents, tokens) in enumerate(positions):
+                    name = f"state field 'streams[{str(rank)!r}][{worker}]' is [{documents}, {tokens}]"
                     rows = len(specs[rank * generation.workers + worker].positions)
                     if documents > rows or (documents == rows and tokens):
-                        raise ValueError(f"state field 'streams[{str(rank)!r}][{worker}]' is [{documents}, {tokens}], "
-                                         f"past the end of that stream ({rows} documents)")
+                        raise ValueError(f"{name}, past the end of that stream ({rows} documents)")
+                    if documents * eos + tokens > held:
+                        raise ValueError(f"{name}, more than the {saved.batches} batches of {generation.batch_size} x "
+                                         f"{self.seq_len} tokens in 'batches' could have held")
         if limit is not None and saved.batches > limit:
             raise ValueError(f"state field 'batches' is {saved.batches}, but a rank has {limit} batches in this "
                              "epoch under the state's world_size, workers and batch_size")
