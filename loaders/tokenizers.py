@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from loaders.eos import EOS_NAMES, config_beside, eos_from_spec, missing
+from loaders.extras import missing_extra
 
 
 class _FromTokenizer(enum.Enum):
@@ -130,7 +131,10 @@ class FileTokenizer(HuggingFaceTokenizer):
 
     def __init__(self, path: str | os.PathLike[str], eos_token: str | None = None,
                  eos_id: EosChoice = FROM_TOKENIZER) -> None:
-        from tokenizers import Tokenizer as RustTokenizer
+        try:
+            from tokenizers import Tokenizer as RustTokenizer
+        except ModuleNotFoundError as exc:
+            raise missing_extra(exc, "tokenizers", "FileTokenizer") from None
 
         self.path = os.fspath(path)
         tokenizer = RustTokenizer.from_file(self.path)

@@ -9,37 +9,12 @@ deprecation line and then behaves exactly like its new spelling.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-_UNITS = {"": 1, "b": 1,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*")
-
-
-def parse_size(text: str | int | float) -> int:
-    """Bytes from ``"64MiB"``, ``"1.5GB"``, ``"4096"`` or a number; ValueError naming the value otherwise.
-
-    Units are decimal (kB, MB, GB, TB) or binary (KiB, MiB, GiB, TiB), any case; a bare number is bytes.
-    """
-    if isinstance(text, bool):
-        raise ValueError(f"{text!r} is not a size")
-    if isinstance(text, int | float):
-        number, unit = float(text), ""
-    else:
-        match = _SIZE.fullmatch(str(text))
-        if not match or match.group(2).lower() not in _UNITS:
-            raise ValueError(f"{text!r} is not a size: write bytes or a number with a unit, e.g. 64MiB or 1.5GB "
-                             f"(units: {', '.join(u for u in ('kB', 'MB', 'GB', 'TB', 'KiB', 'MiB', 'GiB', 'TiB'))})")
-        number, unit = float(match.group(1)), match.group(2).lower()
-    value = number * _UNITS[unit]
-    if not value == value or value < 0 or value > 2**62:  # NaN, negative or absurd
-        raise ValueError(f"{text!r} is not a size between 0 and 4 EiB")
-    return int(value)
+from pipeline.format.sizes import UNITS, parse_size
 
 
 def size(text: str) -> int:
@@ -53,7 +28,7 @@ def size(text: str) -> int:
 def format_size(value: int) -> str:
     """``67108864`` -> ``"64MiB"``: how help texts show a size default, exact where a binary unit divides it."""
     for unit in ("TiB", "GiB", "MiB", "KiB"):
-        scale = _UNITS[unit.lower()]
+        scale = UNITS[unit.lower()]
         if value and value % scale == 0:
             return f"{value // scale}{unit}"
     return f"{value}B"
