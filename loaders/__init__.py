@@ -15,8 +15,18 @@ os.environ.setdefault("MIMALLOC_ALLOW_THP", "0")
 
 from loaders.blocks import Counters, LoaderError  # noqa: E402  (after the allocator's setting)
 from loaders.cache import DiskCache  # noqa: E402
+from loaders.eos import NoEosError  # noqa: E402
 from loaders.loader import StreamingLoader  # noqa: E402
-from loaders.tokenizers import ByteTokenizer, CallableTokenizer, FileTokenizer  # noqa: E402
+from loaders.tokenizers import (  # noqa: E402
+    FROM_TOKENIZER,
+    ByteTokenizer,
+    CallableTokenizer,
+    FileTokenizer,
+    HuggingFaceTokenizer,
+    TiktokenTokenizer,
+    TransformersTokenizer,
+)
 
-__all__ = ["ByteTokenizer", "CallableTokenizer", "Counters", "DiskCache", "FileTokenizer", "LoaderError",
-           "StreamingLoader"]
+__all__ = ["FROM_TOKENIZER", "ByteTokenizer", "CallableTokenizer", "Counters", "DiskCache", "FileTokenizer",
+           "HuggingFaceTokenizer", "LoaderError", "NoEosError", "StreamingLoader", "TiktokenTokenizer",
+           "TransformersTokenizer"]

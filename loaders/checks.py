@@ -11,6 +11,8 @@ import math
 import numbers
 import reprlib
 
+from pipeline.format.sizes import parse_size
+
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 _SHORT = reprlib.Repr()
 _SHORT.maxstring = _SHORT.maxother = 80
@@ -32,6 +34,16 @@ def integer(value: object, name: str, *, minimum: int | None = None, maximum: in
     if maximum is not None and number > maximum:
         raise ValueError(f"{name} must be <= {maximum}, got {number}")
     return number
+
+
+def byte_size(value: object, name: str, *, minimum: int | None = None) -> int:
+    """A size in bytes: an integer, or text with a unit as the command line takes it (``"10GB"``, ``"64MiB"``)."""
+    if isinstance(value, str):
+        try:
+            value = parse_size(value)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    return integer(value, name, minimum=minimum)
 
 
 def optional_integer(value: object, name: str, *, minimum: int | None = None, maximum: int | None = None,

@@ -11,7 +11,6 @@ stream while the training step uses the previous one.
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -20,12 +19,19 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from loaders.blocks import Counters
-from loaders.checks import integer, shown
-from loaders.loader import StreamingLoader, Unit
+from loaders.extras import missing_extra
+
+try:
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+except ModuleNotFoundError as exc:
+    raise missing_extra(exc, "torch", "loaders.torch_dataset") from None
+
+from loaders.blocks import Counters  # noqa: E402  (after the check that torch is installed)
+from loaders.checks import integer, shown  # noqa: E402
+from loaders.loader import StreamingLoader  # noqa: E402
+from loaders.units import Unit  # noqa: E402
 
 
 class StreamingDataset(IterableDataset):
@@ -39,16 +45,19 @@ class StreamingDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)
 
+    def __len__(self) -> int:
+        """Batches per epoch of this rank, as ``len(StreamingLoader)`` (so ``len(DataLoader)`` works too)."""
+        return len(self.loader)
+
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
-        loader = copy.copy(self.loader)  # each worker (or the main process) iterates its own copy
-        loader._source = None
-        loader.counters = Counters() if info is not None else self.loader.counters
+        # Each worker (or the main process) iterates its own copy. Under a plain DataLoader the worker
+        # count may differ from the loader's: split correctly, resume state is not tracked. After a resume,
+        # DataLoader asks worker 0 first; it continues the stream whose batch is next.
         workers = info.num_workers if info is not None else 1
-        if workers != self.loader.num_workers:
-            loader.num_workers = workers  # a plain DataLoader: split correctly, resume state is not tracked
-        # After a resume, DataLoader asks worker 0 first; it continues the stream whose batch is next.
-        loader.worker_id = ((info.id if info is not None else 0) + self.loader._batches) % loader.num_workers
+        loader = self.loader.for_stream(((info.id if info is not None else 0) + self.loader.batches_done) % workers,
+                                        num_workers=workers,
+                                        counters=Counters() if info is not None else self.loader.counters)
         if self.units and info is not None:
             pool = _SharedPool()
             for index, unit in enumerate(loader.units(UNIT_BATCHES, pool.allocate)):
@@ -87,11 +96,8 @@ class StreamingDataLoader(DataLoader):
         if self.device is not None and self.device.type == "cuda":
             batches = _copied_ahead(batches, self.device)
         for batch in batches:  # counted as handed out (the copy ahead has read one batch further)
-            self.stream._batches += 1
-            if isinstance(batch, Mapping) and "position" in batch:
-                streams = list(self.stream._streams or [(0, 0)] * self.stream.num_workers)
-                streams[int(batch["worker"])] = tuple(int(x) for x in batch["position"])
-                self.stream._streams = streams
+            packed = isinstance(batch, Mapping) and "position" in batch
+            self.stream.count_batch(batch["position"] if packed else None, batch["worker"] if packed else None)
             yield batch
         self.stream.set_epoch(self.stream.epoch + 1)  # reached only when the epoch ran to its end
 
@@ -105,10 +111,7 @@ class StreamingDataLoader(DataLoader):
         stream = self.stream
         if self.num_workers == 0:
             return []
-        reader = copy.copy(stream)
-        reader._source = None
-        reader.io_threads = 0
-        reader.worker_id = stream._batches % stream.num_workers
+        reader = stream.for_stream(stream.batches_done % stream.num_workers, io_threads=0)
         batches = iter(reader)
         first = next(batches, None)
         batches.close()
@@ -133,7 +136,7 @@ class StreamingDataLoader(DataLoader):
         ended = [False] * count
         held: list[tuple[list[torch.UntypedStorage], torch.Tensor, list[int]]] = []  # buffers batches may still use
         flags: list[torch.Tensor | None] = [None] * count  # each worker's release flags
-        stream = self.stream._batches % count
+        stream = self.stream.batches_done % count
         while True:
             while not pending[stream] and not ended[stream]:
                 item = next(items, None)

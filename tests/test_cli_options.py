@@ -85,14 +85,17 @@ def test_job_file_values_of_untyped_options_are_text(tmp_path) -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     ("bogus = 1", "unknown option 'bogus'"),
-    ("max-pages = 'x'", "max-pages: invalid literal"),
-    ("max-body = 'lots'", "max-body: 'lots' is not a size"),
-    ("no-robots = 1", "no-robots must be true or false"),
-    ("max-pages = 3\nmax-body = [1, 2]", "max-body takes one value"),
-    ("follow = 'nowhere'", "follow: 'nowhere' is not one of"),
+    ("max-pages = 'x'", "max-pages: expected an integer, got the string 'x'"),
+    ("max-pages = '7'", "max-pages: expected an integer, got the string '7'"),
+    ("max-pages = 7.5", "max-pages: expected an integer, got the float 7.5"),
+    ("max-body = 'lots'", "max-body: expected a size .*, got the string 'lots' .'lots' is not a size"),
+    ("no-robots = 1", "no-robots: expected true or false, got the integer 1"),
+    ("max-pages = 3\nmax-body = [1, 2]", "max-body: takes one value"),
+    ("follow = 'nowhere'", "follow: expected one of 'same-host', 'any', got the string 'nowhere'"),
     ("max-pages = ", "not a valid TOML file"),
-    ("user-agent = false", "user-agent takes a value, not false"),
-    ("resolve = [true]", "resolve takes a value, not true"),
+    ("user-agent = false", "user-agent: expected text, got the boolean False"),
+    ("resolve = [true]", "resolve: expected text, got the boolean True"),
+    ("proxy = {a = 1}", "proxy: expected text, got the table"),
 ])
 def test_bad_job_file_names_file_and_key(tmp_path, text: str, message: str) -> None:
     job = tmp_path / "job.toml"

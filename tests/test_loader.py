@@ -353,14 +353,15 @@ def test_tokenizers_callable_and_file(tmp_path: str, corpus: tuple[str, list[str
     texts = pa.array(["the of and", "été naïve", ""])
     flat_ids, offsets = FileTokenizer(file, eos_token="[EOS]").encode_block(texts)
     assert offsets.tolist() == [0, 3, 5, 5] and flat_ids[:3].tolist() == [vocab["the"], vocab["of"], vocab["and"]]
-    flat_c, offsets_c = CallableTokenizer(lambda s: [len(w) for w in s.split()]).encode_block(texts)
+    flat_c, offsets_c = CallableTokenizer(lambda s: [len(w) for w in s.split()], eos_id=None).encode_block(texts)
     assert flat_c.tolist() == [3, 2, 3, 3, 5] and offsets_c.tolist() == [0, 3, 5, 5]
     flat_b, offsets_b = ByteTokenizer().encode_block(pa.chunked_array([texts.slice(1)]))
     assert bytes(flat_b.astype(np.uint8)) == "été naïve".encode() and offsets_b.tolist() == [0, 12, 12]
     path, _ = corpus
-    loader = StreamingLoader(path, batch_size=2, seq_len=16, tokenizer=file, world_size=1, rank=0)
+    loader = StreamingLoader(path, batch_size=2, seq_len=16, tokenizer=file, eos_id=vocab["[EOS]"], world_size=1,
+                             rank=0)
     batch = next(iter(loader))
-    assert batch["tokens"].max() < len(vocab)
+    assert batch["tokens"].max() < len(vocab) and loader.tokenizer.eos_id == vocab["[EOS]"]
 
 
 def test_corrupted_shard_is_named(tmp_path: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import shutil
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from loaders import ByteTokenizer, StreamingLoader
 from loaders.checks import INT32_MAX, INT32_MIN
 from loaders.mixing import MixedLoader
-from loaders.state import MAX_STREAMS
+from loaders.state import MAX_STREAMS, parse_state
 from tests.test_loader import make_corpus
 
 ROWS = 400
@@ -235,9 +236,12 @@ def test_token_state_bounds_that_need_the_plan(corpora: tuple[str, str]) -> None
     with pytest.raises(ValueError, match=r"streams\['0'\]\[0\].*past the end"):
         tokens(path).load_state_dict({**state, "streams": {"0": [[stream, 1]]}})
     at_end = {**state, "streams": {"0": [[stream, 0]]}}
+    with pytest.raises(ValueError, match=r"streams\['0'\]\[0\].*more than the 5 batches of 2 x 32 tokens"):
+        tokens(path, steps_per_epoch=20).load_state_dict(at_end)  # it would skip the rest and pad for 15 batches
+    enough = math.ceil(stream / (2 * 32))  # batches that could have held every document's eos
     resumed = tokens(path, steps_per_epoch=20)
-    resumed.load_state_dict(at_end)  # the end of the stream itself is a position: the rest is padding
-    assert len(read(resumed)) == 15
+    resumed.load_state_dict({**at_end, "batches": enough})  # the end of the stream is a position: the rest pads
+    assert len(read(resumed)) == 20 - enough
 
 
 def test_merging_refuses_states_that_do_not_belong_together(corpora: tuple[str, str]) -> None:
@@ -388,3 +392,47 @@ def test_set_epoch_refuses_a_negative_epoch(corpora: tuple[str, str]) -> None:
         loader.set_epoch(-1)
     with pytest.raises(TypeError, match="epoch must be an integer"):
         loader.set_epoch(np.float64(1.0))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def counted_state(corpora: tuple[str, str]) -> tuple[dict[str, Any], int]:
+    """A packed-token state after 3 of 20 steps, and the rows of its stream."""
+    loader = tokens(corpora[0], steps_per_epoch=20)
+    read(loader, 3)
+    return loader.state_dict(), len(loader._plan()[1][0].positions)
+
+
+@SETTINGS
+@given(batches=st.integers(0, 20), documents=st.integers(0, ROWS + 5), tokens_in=st.integers(0, 3000))
+def test_an_in_range_state_is_refused_or_resumes_to_the_step_count(
+        corpora: tuple[str, str], counted_state: tuple[dict[str, Any], int], batches: int, documents: int,
+        tokens_in: int) -> None:
+    state, stream = counted_state
+    hostile = {**state, "batches": batches, "streams": {"0": [[documents, tokens_in]]}}
+    loader = tokens(corpora[0], steps_per_epoch=20)
+    reachable = documents + tokens_in <= batches * 2 * 32  # each document passed took its eos at least
+    in_stream = documents < stream or (documents == stream and not tokens_in)
+    try:
+        loader.load_state_dict(hostile)
+    except ValueError as exc:
+        assert not (reachable and in_stream), exc
+        assert "state field 'streams['0'][0]'" in str(exc)
+        return
+    assert reachable and in_stream
+    assert len(read(loader)) == 20 - batches  # the work left is what the step count leaves, no more
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(1, 512), st.integers(1, 512)), min_size=1, max_size=6))
+def test_a_state_describes_a_bounded_number_of_streams(corpora: tuple[str, str], widths: list[tuple[int, int]]) -> None:
+    """Resuming plans every stream of every generation a state lists: their sum is bounded, so a state of
+    wide generations cannot keep the loader planning for minutes."""
+    state = documents(corpora[0]).state_dict()
+    history = [[world, workers, 8, 32, [0] * (world * workers)] for world, workers in widths]
+    total = 1 + sum(world * workers for world, workers in widths)
+    loader = documents(corpora[0])
+    if total > MAX_STREAMS:
+        with pytest.raises(ValueError, match=f"'history.*more than (the )?{MAX_STREAMS}"):
+            parse_state({**state, "history": history}, loader._identity())
+    else:
+        parse_state({**state, "history": history}, loader._identity())  # the plan itself is not made here

@@ -116,8 +116,8 @@ def test_packed_units_keep_the_step_quota_across_ranks(corpus: tuple[str, list[s
 def test_pin_memory_thread_passes_units_and_their_release_flags_through() -> None:
     from torch.utils.data._utils.pin_memory import pin_memory
 
-    from loaders.loader import Unit
     from loaders.torch_dataset import _SharedPool, _Shipment
+    from loaders.units import Unit
 
     pool = _SharedPool()
     buffer = pool.allocate(10, np.uint8)

@@ -253,7 +253,10 @@ def test_sizes_take_units_on_the_command_line_and_in_the_job_file(
     job = tmp_path / "job.toml"
     job.write_text('[dedup]\ninputs = ["in.jsonl"]\noutput = "out"\nsplit_bytes = "32MiB"\n'
                    'row-group-bytes = "512KiB"\npartition_bytes = 1048576\n')
-    config = dedup_cmd.config_from_args(parser.parse_args(["--job", str(job), "--row-group-bytes", "1MiB"]))
+    argv = ["--job", str(job), "--row-group-bytes", "1MiB"]
+    args = parser.parse_args(argv)
+    args._parser, args._argv = parser, argv  # as pipeline.cli records them
+    config = dedup_cmd.config_from_args(args)
     assert (config.split_bytes, config.row_group_bytes, config.partition_bytes) == (32 * 2**20, 2**20, 2**20)
     job.write_text('inputs = ["in.jsonl"]\noutput = "out"\nshard_bytes = "lots"\n')
     assert main(["dedup", "--job", str(job)]) == 2

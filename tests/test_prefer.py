@@ -166,7 +166,9 @@ def test_a_job_file_may_give_the_domains_as_a_list(tmp_path: Path) -> None:
     dedup_cmd.add_arguments(parser)
     job = tmp_path / "job.toml"
     job.write_text('[dedup]\ninputs = ["in"]\noutput = "out"\nprefer = ["orig.example", "Mirror.Example."]\n')
-    config = dedup_cmd.config_from_args(parser.parse_args(["--job", str(job)]))
+    args = parser.parse_args(["--job", str(job)])
+    args._parser, args._argv = parser, ["--job", str(job)]  # as pipeline.cli records them
+    config = dedup_cmd.config_from_args(args)
     assert parse_preference(config.prefer).domains == ("orig.example", "mirror.example")
     with pytest.raises(DedupError, match="lists no domain"):
         parse_preference([])

@@ -90,32 +90,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_output_flags(parser, json_help="print the statistics as JSON on stdout")
 
 
-def load_job_file(path: str) -> dict[str, Any]:
-    """The options of a TOML job file (top level, or its ``[dedup]`` table); sizes may carry units
-    (``split_bytes = "64MiB"``). ValueError naming the file and key for a size that is not one."""
-    from pipeline.commands import options
+def _text_or_texts(value: Any) -> str | list[str]:
+    if isinstance(value, str) or (isinstance(value, list) and all(isinstance(item, str) for item in value)):
+        return value
+    raise TypeError(value)
 
-    values = options.job_table(path, "dedup")
-    for key, value in values.items():
-        if key.endswith("_bytes"):
-            try:
-                values[key] = options.parse_size(value)
-            except ValueError as exc:
-                raise ValueError(f"{path}: {key.replace('_', '-')}: {exc}") from None
-    return values
+
+def _table(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    raise TypeError(value)
+
+
+def _job_only() -> dict[str, Any]:
+    """Job-file keys beyond the flags: fsspec options for every URL, and ``prefer`` as a ranked list."""
+    from pipeline.commands.options import JobKey
+
+    return {"storage_options": JobKey("a table of fsspec options", _table),
+            "prefer": JobKey("text, or a list of domains as text", _text_or_texts)}
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
-    """Merge the job file and the command line (the command line wins) into a DedupConfig."""
+    """Merge the job file and the command line (the command line wins) into a DedupConfig.
+
+    The job file is checked by the same typed schema as crawl's and serve's (``options.apply_job_file``:
+    the parser's types), so ``num_perm = "128"`` is an error naming the key and the type it needs.
+    ``args`` comes from ``pipeline.cli`` (which records the parser and the command's own tokens).
+    """
+    from pipeline.commands import options
     from pipeline.job import DedupConfig, DedupError
 
-    values: dict[str, Any] = load_job_file(args.job) if args.job else {}
+    if args.job:
+        options.apply_job_file(args._parser, args, args.job, "dedup", args._argv, _job_only())
+    values: dict[str, Any] = {}
     if args.inputs:
         values["inputs"] = list(args.inputs)
     if args.output:
         values["output"] = args.output
-    for name in _OPTIONS:
-        if getattr(args, name) is not None:
+    for name in (*_OPTIONS, "storage_options"):
+        if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
     for flag in ("keep_work", "overwrite"):
         if getattr(args, flag):

@@ -9,36 +9,12 @@ deprecation line and then behaves exactly like its new spelling.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-_UNITS = {"": 1, "b": 1,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*")
-
-
-def parse_size(text: str | int | float) -> int:
-    """Bytes from ``"64MiB"``, ``"1.5GB"``, ``"4096"`` or a number; ValueError naming the value otherwise.
-
-    Units are decimal (kB, MB, GB, TB) or binary (KiB, MiB, GiB, TiB), any case; a bare number is bytes.
-    """
-    if isinstance(text, bool):
-        raise ValueError(f"{text!r} is not a size")
-    if isinstance(text, int | float):
-        number, unit = float(text), ""
-    else:
-        match = _SIZE.fullmatch(str(text))
-        if not match or match.group(2).lower() not in _UNITS:
-            raise ValueError(f"{text!r} is not a size: write bytes or a number with a unit, e.g. 64MiB or 1.5GB "
-                             f"(units: {', '.join(u for u in ('kB', 'MB', 'GB', 'TB', 'KiB', 'MiB', 'GiB', 'TiB'))})")
-        number, unit = float(match.group(1)), match.group(2).lower()
-    value = number * _UNITS[unit]
-    if not value == value or value < 0 or value > 2**62:  # NaN, negative or absurd
-        raise ValueError(f"{text!r} is not a size between 0 and 4 EiB")
-    return int(value)
+from pipeline.format.sizes import UNITS, parse_size
 
 
 def size(text: str) -> int:
@@ -52,7 +28,7 @@ def size(text: str) -> int:
 def format_size(value: int) -> str:
     """``67108864`` -> ``"64MiB"``: how help texts show a size default, exact where a binary unit divides it."""
     for unit in ("TiB", "GiB", "MiB", "KiB"):
-        scale = _UNITS[unit.lower()]
+        scale = UNITS[unit.lower()]
         if value and value % scale == 0:
             return f"{value // scale}{unit}"
     return f"{value}B"
@@ -128,54 +104,103 @@ def job_table(path: str, command: str) -> dict[str, Any]:
     return {str(key).replace("-", "_"): value for key, value in table.items()}
 
 
+@dataclass(frozen=True)
+class JobKey:
+    """A job-file key with no flag (a table of storage options, a list where the flag takes text): what it
+    must be, in words for the error, and the check that converts it (ValueError/TypeError when wrong)."""
+
+    expected: str
+    convert: Callable[[Any], Any]
+
+
 def apply_job_file(parser: argparse.ArgumentParser, args: argparse.Namespace, path: str, command: str,
-                   argv: Sequence[str]) -> None:
+                   argv: Sequence[str], job_only: Mapping[str, JobKey] | None = None) -> None:
     """Fill ``args`` from a TOML job file wherever the command line left the parser's default.
 
-    Every key must be an option of the command (ValueError naming the file and the key otherwise);
-    string values go through the option's own ``type`` (so ``"64MiB"`` works in a file too), and a
-    value of the wrong kind is refused naming the file and the key. Options ``argv`` (the command's
-    own tokens) spells out always win, even when equal to their default.
+    The command's parser is the one typed schema of its flags and its job file: every key must be an
+    option of the command or one of ``job_only`` (ValueError naming the file and the key otherwise), and
+    its value must be what the option takes (``expected``): an integer option a TOML integer, a number
+    option an integer or float, a size bytes or text with a unit (``"64MiB"``), a flag true or false,
+    text options text; a wrong type is a ValueError naming the file, the key and the type expected.
+    Options ``argv`` (the command's own tokens) spells out always win, even when equal to their default.
     """
     explicit = explicit_dests(parser, argv)
     actions = {action.dest: action for action in parser._actions
                if action.dest not in ("help", "job") and action.option_strings and not isinstance(action, _Renamed)}
     positional = {action.dest: action for action in parser._actions if not action.option_strings}
+    extra = dict(job_only or {})
     values = {}
     for key, value in job_table(path, command).items():
         action = actions.get(key) or positional.get(key)
-        if action is None:
-            known = ", ".join(sorted(k.replace("_", "-") for k in (*actions, *positional)))
+        if action is None and key not in extra:
+            known = ", ".join(sorted(k.replace("_", "-") for k in (*actions, *positional, *extra)))
             raise ValueError(f"{path}: unknown option {key.replace('_', '-')!r} (known: {known})")
-        if key not in explicit:
-            values[key] = _job_value(path, key, action, value)
+        checked = _job_only_value(path, key, extra[key], value) if key in extra else \
+            _job_value(path, key, action, value)  # type: ignore[arg-type]
+        if key not in explicit:  # checked all the same: the file is wrong whoever wins
+            values[key] = checked
     for key, value in values.items():  # only once every key is known good
         setattr(args, key, value)
 
 
+def _job_only_value(path: str, key: str, spec: JobKey, value: Any) -> Any:
+    try:
+        return spec.convert(value)
+    except (ValueError, TypeError):
+        raise ValueError(f"{path}: {key.replace('_', '-')}: expected {spec.expected}, got {_shown(value)}") from None
+
+
+# What a job-file value must be for an option of each ``type=``: (in words, TOML types taken as they are).
+_NUMBER_TYPES: dict[Any, tuple[str, tuple[type, ...]]] = {
+    int: ("an integer", (int,)),
+    float: ("a number", (int, float)),
+}
+
+
+def expected_type(action: argparse.Action) -> str:
+    """What an option's value must be, in the words a job-file error uses."""
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        return "true or false"
+    if action.choices is not None:
+        return "one of " + ", ".join(map(repr, action.choices))
+    if action.type in _NUMBER_TYPES:
+        return _NUMBER_TYPES[action.type][0]
+    if action.type is size:
+        return "a size (bytes, or text with a unit such as \"64MiB\")"
+    if action.type in (None, str):
+        return "text"
+    return f"a value {getattr(action.type, '__name__', 'its type')} accepts"
+
+
+def _shown(value: Any) -> str:
+    kind = {bool: "boolean", int: "integer", float: "float", str: "string", list: "list", dict: "table"}
+    return f"the {kind.get(type(value), type(value).__name__)} {value!r}"
+
+
 def _job_value(path: str, key: str, action: argparse.Action, value: Any) -> Any:
-    """A job-file value checked and converted the way the command line would have."""
+    """A job-file value checked against the option's type and converted the way the command line would."""
     where = f"{path}: {key.replace('_', '-')}"
+    expected = expected_type(action)
     if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
         if not isinstance(value, bool):
-            raise ValueError(f"{where} must be true or false, not {value!r}")
-        return value if isinstance(action, argparse._StoreTrueAction) else not value
+            raise ValueError(f"{where}: expected true or false, got {_shown(value)}")
+        return value  # the key is the option's dest: `verify = false` for --no-verify means verify is False
     many = isinstance(action, argparse._AppendAction) or action.nargs in ("*", "+")
     values = value if isinstance(value, list) and many else [value]
     if isinstance(value, list) and not many:
-        raise ValueError(f"{where} takes one value, not a list")
+        raise ValueError(f"{where}: takes one value, expected {expected}, got {_shown(value)}")
     converted = []
     for item in values:
-        if isinstance(item, dict | list):
-            raise ValueError(f"{where}: {item!r} is not a single value")
-        if isinstance(item, bool):  # only flags take true/false; here it would pass as a value unchecked
-            raise ValueError(f"{where} takes a value, not {str(item).lower()}")
-        try:  # as on the command line: the text through the option's type (none: the text itself)
-            item = (action.type or str)(item if isinstance(item, str) else str(item))
-        except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
-            raise ValueError(f"{where}: {exc}") from None
+        if isinstance(item, dict | list | bool) or not isinstance(item, str | int | float):
+            raise ValueError(f"{where}: expected {expected}, got {_shown(item)}")
+        if action.type in _NUMBER_TYPES and not isinstance(item, _NUMBER_TYPES[action.type][1]):
+            raise ValueError(f"{where}: expected {expected}, got {_shown(item)}")
+        try:  # as on the command line: the value through the option's type (none: the text itself)
+            item = (action.type or str)(item if isinstance(item, str) or action.type in _NUMBER_TYPES else str(item))
+        except (argparse.ArgumentTypeError, ValueError, TypeError, OverflowError) as exc:
+            raise ValueError(f"{where}: expected {expected}, got {_shown(item)} ({exc})") from None
         if action.choices is not None and item not in action.choices:
-            raise ValueError(f"{where}: {item!r} is not one of {', '.join(map(str, action.choices))}")
+            raise ValueError(f"{where}: expected {expected}, got {_shown(item)}")
         converted.append(item)
     return converted if many else converted[0]
 
