@@ -6,6 +6,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import fsspec
+import numpy as np
 
 from pipeline.job.inputs.records import (
     Doc,
@@ -20,6 +21,7 @@ from pipeline.job.inputs.records import (
     names_found,
     record_doc,
 )
+from pipeline.job.inputs.streams import RAW_RECORD_EXPANSION, record_limit
 
 # -- Parquet -----------------------------------------------------------------------------------
 _PARQUET_EXTRA = ("url", "final_url", "source", "domain", "language", "fetch_time")
@@ -44,7 +46,6 @@ def _text_column_problem(schema: Any, column: str) -> str | None:
 
 def read_parquet(piece: Piece, options: ReadOptions,
                   storage_options: Mapping[str, Any] | None) -> Iterator[Doc | Reject]:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     item = piece.file
@@ -75,33 +76,119 @@ def read_parquet(piece: Piece, options: ReadOptions,
         extra = [options.prefer_column] if options.prefer_column else []
         wanted = [c for c in dict.fromkeys([options.text_column, options.id_column, *_PARQUET_EXTRA, *extra])
                   if schema.names.count(c) == 1]
+        stored_once = _dictionary_encoded(metadata, wanted)
+        if stored_once:  # kept as dictionaries when decoded, expanded a slice at a time (_batch_records)
+            parquet = pq.ParquetFile(handle, metadata=metadata, page_checksum_verification=True,
+                                     read_dictionary=stored_once)
+        limit = record_limit(options)
         row = 0
         for group, rows in enumerate(group_rows):
-            if not _row_group_in(metadata, group, piece):
-                row += rows
-                continue
-            try:
-                # no threads: threaded reads through a Python file object abort the process now and
-                # then (apache/arrow#34314); the job's parallelism is across splits anyway
-                table = parquet.read_row_group(group, columns=wanted, use_threads=False)
-                if table.num_rows != rows:
-                    raise ValueError(f"{table.num_rows} rows decoded where the footer says {rows}")
-                texts = table.column(options.text_column).cast(pa.binary()).to_pylist()
-                columns = {c: _python_values(table.column(c)) for c in wanted if c != options.text_column}
-            except Exception as exc:  # noqa: BLE001 - a damaged row group costs its rows, not the file
-                yield Reject(item.source, f"row group {group} (rows {row}-{row + rows - 1})", "corrupt",
-                             f"corrupt Parquet row group ({describe(exc)})",
-                             metadata.row_group(group).total_byte_size, count=rows)
-                row += rows
-                continue
-            for offset, raw in enumerate(texts):
-                try:
-                    record = _parquet_record(item, row + offset, raw, {c: v[offset] for c, v in columns.items()},
-                                             options)
-                except Exception as exc:  # noqa: BLE001 - one row's failure rejects that row only
-                    record = failed(item, f"row {row + offset}", exc, len(raw or b""))
-                yield record
+            if _row_group_in(metadata, group, piece):
+                yield from _read_row_group(parquet, item, group, row, rows, wanted, limit, options)
             row += rows
+
+
+def _read_row_group(parquet: Any, item: InputFile, group: int, first_row: int, rows: int, wanted: list[str],
+                    limit: int, options: ReadOptions) -> Iterator[Doc | Reject]:
+    """One row group in batches that each inflate to about ``limit`` bytes (one raw record's cap, 8 x
+    --max-doc-bytes), sized from the footer's uncompressed column sizes, so a small file that inflates
+    to gigabytes is never held whole. A group that says it inflates past ``limit`` a row is refused
+    unread as ``over_size_cap``; a damaged one costs the rows not yet read."""
+    declared = _uncompressed_bytes(parquet.metadata, group, wanted)
+    if declared > rows * limit:
+        yield Reject(item.source, f"row group {group} (rows {first_row}-{first_row + rows - 1})", "over_size_cap",
+                     f"row group inflates to {declared} bytes, over the cap of {limit} bytes a row "
+                     f"({RAW_RECORD_EXPANSION} x --max-doc-bytes); not read", declared, count=rows)
+        return
+    row = first_row
+    try:
+        # no threads: threaded reads through a Python file object abort the process now and then
+        # (apache/arrow#34314); the job's parallelism is across splits anyway
+        for batch in parquet.iter_batches(batch_size=max(1, limit * rows // max(declared, 1)), row_groups=[group],
+                                          columns=wanted, use_threads=False):
+            if row + batch.num_rows > first_row + rows:
+                raise ValueError(f"more rows decoded than the footer's {rows}")
+            yield from _batch_records(item, row, batch, wanted, options)
+            row += batch.num_rows
+        if row != first_row + rows:
+            raise ValueError(f"{row - first_row} rows decoded where the footer says {rows}")
+    except Exception as exc:  # noqa: BLE001 - a damaged row group costs its unread rows, not the file
+        last = first_row + rows - 1
+        yield Reject(item.source, f"row group {group} (rows {min(row, last)}-{last})", "corrupt",
+                     f"corrupt Parquet row group ({describe(exc)})",
+                     parquet.metadata.row_group(group).total_byte_size, count=max(first_row + rows - row, 1))
+
+
+def _batch_records(item: InputFile, first_row: int, batch: Any, wanted: list[str],
+                   options: ReadOptions) -> Iterator[Doc | Reject]:
+    """The records of one decoded batch, expanded to Python a slice of rows at a time: a slice holds
+    at most --max-doc-bytes, or one row of at most 8 x that. Dictionary-encoded columns (read as
+    dictionaries, see ``read_parquet``) are sized from their values' lengths before anything is
+    expanded, so a thousand rows naming one 1 MiB value cost 1 MiB, and a row over the cap is
+    rejected from its lengths alone."""
+    import pyarrow as pa
+
+    cap, limit = options.max_doc_bytes, record_limit(options)
+    text_bytes = _row_bytes(batch.column(options.text_column))
+    row_bytes = sum((_row_bytes(batch.column(c)) for c in wanted if c != options.text_column), text_bytes)
+    start = 0
+    while start < batch.num_rows:
+        stop, size = start + 1, int(row_bytes[start])
+        while stop < batch.num_rows and size + row_bytes[stop] <= cap:
+            size += int(row_bytes[stop])
+            stop += 1
+        if text_bytes[start] > cap or size > limit:  # one row alone, over the cap: rejected unexpanded
+            yield Reject(item.source, f"row {first_row + start}", "over_size_cap",
+                         f"over the size cap ({text_bytes[start] if text_bytes[start] > cap else size} > "
+                         f"{cap if text_bytes[start] > cap else limit} bytes)", size)
+            start = stop
+            continue
+        rows = batch.slice(start, stop - start)
+        texts = _expanded(rows.column(options.text_column)).cast(pa.binary()).to_pylist()
+        columns = {c: _python_values(_expanded(rows.column(c))) for c in wanted if c != options.text_column}
+        for offset, raw in enumerate(texts):
+            row = first_row + start + offset
+            try:
+                yield _parquet_record(item, row, raw, {c: v[offset] for c, v in columns.items()}, options)
+            except Exception as exc:  # noqa: BLE001 - one row's failure rejects that row only
+                yield failed(item, f"row {row}", exc, len(raw or b""))
+        start = stop
+
+
+def _row_bytes(column: Any) -> np.ndarray:
+    """What each row of a string or binary column holds once expanded (0 for nulls and other types)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = column.dictionary if pa.types.is_dictionary(column.type) else column
+    try:
+        lengths = pc.binary_length(values)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # not a string or binary column
+        return np.zeros(len(column), np.int64)
+    if values is not column:
+        lengths = lengths.take(column.indices)
+    return lengths.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _expanded(column: Any) -> Any:
+    """A column slice with its dictionary (if any) expanded: only this slice's values are built."""
+    import pyarrow as pa
+
+    return column.dictionary.take(column.indices) if pa.types.is_dictionary(column.type) else column
+
+
+def _dictionary_encoded(metadata: Any, columns: list[str]) -> list[str]:
+    """Those of ``columns`` that some row group stores with a dictionary page (many rows, one value)."""
+    found = {metadata.row_group(g).column(i).path_in_schema for g in range(metadata.num_row_groups)
+             for i in range(metadata.num_columns) if metadata.row_group(g).column(i).has_dictionary_page}
+    return [c for c in columns if c in found]
+
+
+def _uncompressed_bytes(metadata: Any, group: int, columns: list[str]) -> int:
+    """What the footer says the ``columns`` of row group ``group`` inflate to."""
+    chunks = metadata.row_group(group)
+    return sum(chunks.column(i).total_uncompressed_size for i in range(chunks.num_columns)
+               if chunks.column(i).path_in_schema.split(".")[0] in columns)
 
 
 def _row_group_in(metadata: Any, group: int, piece: Piece) -> bool:
