@@ -128,6 +128,12 @@ def origin_of(normalized: str) -> str:
     return normalized[:normalized.index("/", normalized.index("//") + 2)]  # a normalised path starts with /
 
 
+def site_of(normalized: str) -> str:
+    """``host[:port]`` of a normalised URL (a default port is never spelled): the unit of
+    ``follow="same-host"``, so another port of an allowed host is another site."""
+    return origin_of(normalized).split("//", 1)[1]
+
+
 def host_of(normalized: str) -> str:
     """The bare host name of a normalised URL (no port): the ``domain`` column."""
     netloc = origin_of(normalized).split("//", 1)[1]
