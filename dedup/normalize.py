@@ -109,16 +109,14 @@ def as_strings(texts: Texts) -> list[str]:
 def prefold(strings: list[str], options: NormalizeOptions) -> list[str]:
     """Steps 0-2 (default-ignorables removed, NFKC, case folding) on every document."""
     if options.ignorables or options.nfkc:
-        strings = bounded(strings, options.ignorables, options.nfkc)
-    if options.nfkc:  # without the CGJs that made the text stream-safe (default-ignorable, see step 0)
-        strings = [_without_cgj(unicodedata.normalize("NFKC", s)) for s in strings]
+        strings, made_safe = bounded(strings, options.ignorables, options.nfkc)
+    if options.nfkc:
+        strings = [unicodedata.normalize("NFKC", s) for s in strings]
+        for i in made_safe:  # without the CGJs that made the text stream-safe (default-ignorable, see step 0)
+            strings[i] = strings[i].replace(CGJ, "")
     if options.casefold:
         strings = [s.casefold() for s in strings]
     return strings
-
-
-def _without_cgj(text: str) -> str:
-    return text.replace(CGJ, "") if CGJ in text else text
 
 
 def is_blank(prefolded: str) -> bool:

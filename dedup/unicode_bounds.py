@@ -110,25 +110,28 @@ def stream_safe(text: str) -> str:
     return "".join(pieces)
 
 
-def bounded(strings: list[str], ignorables: bool, safe: bool) -> list[str]:
-    """The batch with default-ignorables removed (``ignorables``) and in stream-safe format (``safe``).
+def bounded(strings: list[str], ignorables: bool, safe: bool) -> tuple[list[str], list[int]]:
+    """The batch with default-ignorables removed (``ignorables``) and in stream-safe format (``safe``),
+    and the documents that got a CGJ (to remove again after NFKC).
 
     One compiled pass over the batch finds the few documents that hold an ignorable or a run of marks
-    long enough to matter; only those are rewritten, so ordinary text pays one look-up a character.
+    long enough to matter; only those are rewritten, so ordinary text pays a UTF-8 encode and one
+    look-up a non-ASCII character.
     """
     if all(s.isascii() for s in strings):
-        return strings
+        return strings, []
     from . import _kernels as K  # on first use: see dedup/_constants.py
 
     flags, _, shortest = _tables()
     offsets = np.zeros(len(strings) + 1, dtype=np.int64)
     np.cumsum([len(s) for s in strings], out=offsets[1:])
-    has_ignorable, has_long_run = K.unicode_hazards(_code_points("".join(strings)), offsets, flags,
+    data = np.frombuffer("".join(strings).encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    has_ignorable, has_long_run = K.unicode_hazards(data, offsets, flags,
                                                     IGNORABLE if ignorables else 0, LEADS_WITH_MARK, shortest)
     out = list(strings)
     for i in np.flatnonzero(has_ignorable).tolist():
         out[i] = remove_ignorables(out[i])
-    if safe:
-        for i in np.flatnonzero(has_long_run).tolist():
-            out[i] = stream_safe(out[i])
-    return out
+    made_safe = np.flatnonzero(has_long_run).tolist() if safe else []
+    for i in made_safe:
+        out[i] = stream_safe(out[i])
+    return out, made_safe
