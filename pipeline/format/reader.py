@@ -181,7 +181,7 @@ class Corpus:
                 # now and then (apache/arrow#34314); one shard at a time needs no threads.
                 return pq.read_table(handle, columns=columns, use_threads=False, page_checksum_verification=True)
         except (OSError, pa.ArrowException) as exc:
-            raise CorpusError(f"{path}: cannot read shard ({type(exc).__name__}: {exc})") from None
+            raise CorpusError(f"{path}: a shard cannot be read ({type(exc).__name__}: {exc})") from None
 
     def iter_tables(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
         """Every shard in manifest order, one table each."""
