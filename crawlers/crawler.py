@@ -43,7 +43,7 @@ from .proxies import NoProxyAvailable, ProxyPool
 from .robots import Robots, fetch_robots
 from .safety import AddressPolicy
 from .schedule import ROBOTS, Host, HostScheduler
-from .urls import BadURL, host_of, normalize_url, origin_of
+from .urls import BadURL, normalize_url, origin_of, site_of
 
 log = logging.getLogger("gristmill.crawl")
 
@@ -162,14 +162,19 @@ class Crawler:
 
     # -- admission ---------------------------------------------------------------------------
     def _scoped_seeds(self, urls: Iterable[str]) -> Iterable[str]:
-        """Seed URLs normalised, their hosts put in scope; a malformed one is recorded as an error."""
+        """Seed URLs normalised, their sites put in scope; a malformed one, or one longer than
+        ``max_url_length`` (the limit every discovered URL meets), is recorded as an error."""
         for raw in urls:
             try:
                 url = normalize_url(raw)
             except BadURL as exc:
                 self._error(f"seed {exc}")
                 continue
-            self._scope.add(host_of(url))
+            if len(url) > self.config.max_url_length:
+                self._error(f"seed {url[:80]!r}...: {len(url)} characters, over max_url_length "
+                            f"({self.config.max_url_length})")
+                continue
+            self._scope.add(site_of(url))
             yield url
 
     def _owns(self, url: str) -> bool:
@@ -183,7 +188,7 @@ class Crawler:
                 kind = KIND_SITEMAP if sitemaps.looks_like_sitemap(url) else KIND_PAGE
                 self.frontier.add(url, origin_of(url), 0, kind)
         for row in self.frontier.db.execute("SELECT DISTINCT url FROM urls WHERE depth = 0"):
-            self._scope.add(host_of(row[0]))
+            self._scope.add(site_of(row[0]))
 
     def _admit(self, url: str, depth: int, kind: int = KIND_PAGE, via: str | None = None, hops: int = 0,
                scoped: bool = True) -> str | None:
@@ -198,8 +203,7 @@ class Crawler:
         if self.partition is not None and (owner := self.partition.owner(url)) != self.partition.index:
             self.frontier.send(owner, url, depth, kind, via, hops, scoped)  # the owner checks scope and seen
             return None
-        name = host_of(url)
-        if scoped and cfg.follow == "same-host" and name not in self._scope:
+        if scoped and cfg.follow == "same-host" and site_of(url) not in self._scope:
             return "out of scope"
         origin = origin_of(url)
         if self.frontier.admitted(origin) >= cfg.max_pages_per_host:
@@ -420,9 +424,9 @@ class Crawler:
             return
         with self.frontier.transaction():
             if request.depth == 0:
-                self._scope.add(host_of(target))
+                self._scope.add(site_of(target))  # a seed's redirect target joins the scope
             refused = self._admit(target, request.depth, request.kind, request.via or request.url,
-                                  request.hops + 1, scoped=False)
+                                  request.hops + 1, scoped=request.depth > 0)
             if refused == "seen":
                 self.frontier.finish(request, "redirect: target already seen (loop or duplicate)")
             elif refused is not None:
@@ -491,7 +495,7 @@ class Crawler:
                         self._error(f"{path}: {exc}")
                         continue
                     if not link.scoped and link.depth == 0:
-                        self._scope.add(host_of(url))  # a seed's redirect target: its host joins the scope
+                        self._scope.add(site_of(url))  # a seed's redirect target: its site joins the scope
                     self._admit(url, link.depth, link.kind, link.via, link.hops, link.scoped)
         self._report(idle=False)
         for path in files:

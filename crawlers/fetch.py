@@ -94,11 +94,15 @@ class FetchLimits:
 
 
 class _Inflater:
-    """Streaming gzip/deflate decoder that refuses to produce more than ``cap`` bytes."""
+    """Streaming gzip/deflate decoder that refuses to produce more than ``cap`` bytes (with
+    ``truncate``: stops there, ``full``), and refuses a stream that stops before its end."""
 
-    def __init__(self, encoding: str, cap: int, url: str) -> None:
+    def __init__(self, encoding: str, cap: int, url: str, truncate: bool = False) -> None:
         self.cap = cap
         self.url = url
+        self.truncate = truncate
+        self.full = False
+        self.fed = 0
         self.out = bytearray()
         self._raw_deflate = False
         if encoding in ("gzip", "x-gzip"):
@@ -110,11 +114,16 @@ class _Inflater:
             raise RejectedResponse(f"{url}: unsupported Content-Encoding {encoding!r}")
 
     def feed(self, data: bytes) -> None:
+        self.fed += len(data)
         try:
             while data:
                 piece = self._decoder.decompress(data, self.cap + 1 - len(self.out))
                 self.out += piece
                 self._raw_deflate = False
+                if len(self.out) > self.cap and self.truncate:
+                    del self.out[self.cap:]
+                    self.full = True
+                    return
                 if len(self.out) > self.cap:
                     raise RejectedResponse(f"{self.url}: decompressed body exceeds {self.cap} bytes "
                                            "(compression bomb?)")
@@ -128,6 +137,10 @@ class _Inflater:
             raise RejectedResponse(f"{self.url}: corrupt compressed body ({exc})") from None
 
     def finish(self) -> bytes:
+        """The inflated body; a stream cut before its end (a gzip body cut in half behind a matching
+        Content-Length) is a truncated body, never a complete page."""
+        if self.fed and not self.full and not self._decoder.eof:
+            raise TransientError(f"{self.url}: truncated body (the compressed stream stops before its end)")
         return bytes(self.out)
 
 
@@ -164,9 +177,10 @@ class Fetcher:
             raise TransientError(f"{url}: cannot resolve {host} ({exc})") from None
 
     async def fetch(self, url: str, accept: tuple[str, ...] = HTML_TYPES, proxy: str | None = None,
-                    truncate: bool = False) -> Response:
+                    truncate: bool = False, max_bytes: int | None = None) -> Response:
         """GET ``url`` once; ``accept=()`` takes any Content-Type, ``truncate`` keeps the first
-        ``max_body_bytes`` instead of rejecting a longer body.
+        ``max_bytes`` (default ``max_body_bytes``; also of the inflated body) instead of rejecting a
+        longer body.
 
         With ``accept``, a 2xx body must also look like one of those types: a missing or generic
         Content-Type is judged by sniffing the body, and a body that is evidently some other
@@ -178,7 +192,7 @@ class Fetcher:
         started = time.monotonic()
         try:
             async with self.session.get(url, headers=headers, allow_redirects=False, proxy=proxy) as resp:
-                body = await self._read(resp, url, accept, truncate)
+                body = await self._read(resp, url, accept, truncate, max_bytes or self.limits.max_body_bytes)
                 response = Response(url, resp.status, CIMultiDict(resp.headers), body,
                                     time.monotonic() - started, dict(resp.request_info.headers))
             if accept and 200 <= response.status < 300:
@@ -199,22 +213,22 @@ class Fetcher:
             raise TransientError(f"{url}: {type(exc).__name__}: {exc}") from None
 
     async def _read(self, resp: aiohttp.ClientResponse, url: str, accept: tuple[str, ...],
-                    truncate: bool) -> bytes:
-        limits = self.limits
+                    truncate: bool, max_bytes: int) -> bytes:
         if not 200 <= resp.status < 300:  # error pages and redirects: a little body, for ban markers
             return await self._read_capped(resp, url, 64 * 1024, True)
         content_type = media_type(resp.headers)
         if accept and content_type not in accept and not is_generic(content_type):
             raise RejectedResponse(f"{url}: Content-Type {content_type!r} is not one of {', '.join(accept)}")
         declared = resp.content_length
-        if declared is not None and declared > limits.max_body_bytes and not truncate:
-            raise RejectedResponse(f"{url}: Content-Length {declared} exceeds {limits.max_body_bytes} bytes")
-        return await self._read_capped(resp, url, limits.max_body_bytes, truncate)
+        if declared is not None and declared > max_bytes and not truncate:
+            raise RejectedResponse(f"{url}: Content-Length {declared} exceeds {max_bytes} bytes")
+        return await self._read_capped(resp, url, max_bytes, truncate)
 
     async def _read_capped(self, resp: aiohttp.ClientResponse, url: str, cap: int, truncate: bool) -> bytes:
         encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
         inflater = None if encoding in ("", "identity") else _Inflater(
-            encoding, self.limits.max_decompressed_bytes, url)
+            encoding, min(cap, self.limits.max_decompressed_bytes) if truncate else self.limits.max_decompressed_bytes,
+            url, truncate)
         raw = bytearray()
         async for chunk in resp.content.iter_chunked(CHUNK):
             room = cap - len(raw)
@@ -225,7 +239,11 @@ class Fetcher:
             raw += chunk
             if inflater is not None:
                 inflater.feed(bytes(chunk))
+                if inflater.full:
+                    break
             if len(raw) >= cap and truncate:
+                if inflater is not None:
+                    inflater.full = True  # cut here on purpose: the rest is not read
                 break
         return inflater.finish() if inflater is not None else bytes(raw)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit, urlunsplit
+from urllib.parse import quote, unquote_to_bytes, urljoin, urlsplit, urlunsplit
 
 import lxml.etree
 import xxhash
@@ -25,7 +25,7 @@ TRACKING_PARAMS = frozenset(
 TRACKING_PREFIXES = ("utm_", "pk_", "hsa_")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _SAFE_PATH = "/%:@!$&'()*+,;=-._~"
-_SAFE_QUERY = "/?:@!$'()*+,;-._~"
+_SAFE_QUERY = "/?:@!$'()*,;-._~"  # not + (a space in a query), & or =
 _PERCENT = re.compile(r"%[0-9a-fA-F]{2}")
 _XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*\?>")
 # Already-canonical shapes (lower-case host, no query, fragment, escapes or dot segments) skip parsing.
@@ -96,9 +96,26 @@ def _normalize_absolute(text: str, url: str) -> str:
     netloc = host if port in (None, _DEFAULT_PORTS[scheme]) else f"{host}:{port}"
     path = _remove_dot_segments(quote(parts.path or "/", safe=_SAFE_PATH))
     path = _PERCENT.sub(lambda m: m.group(0).upper(), path)
-    pairs = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if not _is_tracking(k)]
-    query = urlencode(sorted(pairs), quote_via=quote, safe=_SAFE_QUERY)
+    try:
+        query = _canonical_query(parts.query)
+    except UnicodeEncodeError:  # a lone surrogate: no URL can carry it
+        raise BadURL(f"{url!r}: not valid Unicode") from None
     return urlunsplit((scheme, netloc, path, query, ""))
+
+
+def _canonical_query(query: str) -> str:
+    """The query's ``name=value`` pairs, tracking parameters dropped, sorted, each part re-escaped from
+    its bytes: ``+`` and ``%20`` are both a space (form encoding), but percent-escapes that are not
+    UTF-8 stay the bytes they are, so ``?q=%E4`` and ``?q=%F6`` (Latin-1 forms) stay two URLs."""
+    pairs = []
+    for piece in query.split("&"):
+        if not piece:
+            continue
+        name, _, value = piece.partition("=")
+        raw_name = unquote_to_bytes(name.replace("+", " "))
+        if not _is_tracking(raw_name.decode("utf-8", "replace")):
+            pairs.append((raw_name, unquote_to_bytes(value.replace("+", " "))))
+    return "&".join(f"{quote(n, safe=_SAFE_QUERY)}={quote(v, safe=_SAFE_QUERY)}" for n, v in sorted(pairs))
 
 
 def url_id(normalized: str) -> str:
@@ -109,6 +126,12 @@ def url_id(normalized: str) -> str:
 def origin_of(normalized: str) -> str:
     """``scheme://host[:port]`` of a normalised URL: the unit of politeness and of robots.txt."""
     return normalized[:normalized.index("/", normalized.index("//") + 2)]  # a normalised path starts with /
+
+
+def site_of(normalized: str) -> str:
+    """``host[:port]`` of a normalised URL (a default port is never spelled): the unit of
+    ``follow="same-host"``, so another port of an allowed host is another site."""
+    return origin_of(normalized).split("//", 1)[1]
 
 
 def host_of(normalized: str) -> str:

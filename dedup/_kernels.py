@@ -294,3 +294,35 @@ def roots(parent):
     for i in range(parent.shape[0]):
         out[i] = _find(parent, i)
     return out
+
+
+@njit(cache=True)
+def unicode_hazards(data, offsets, flags, ignorable, leads_with_mark, shortest):
+    """Per document of a batch (UTF-8 ``data``; ``offsets`` count characters, not bytes): whether it
+    holds a flagged ``ignorable`` character, and whether it holds a run of at least ``shortest``
+    characters flagged ``leads_with_mark`` or ``ignorable`` (removing ignorables can join two runs);
+    see ``unicode_bounds.bounded``. ASCII bytes, flagged never, cost one comparison."""
+    n = offsets.shape[0] - 1
+    has_ignorable = np.zeros(n, dtype=np.bool_)
+    has_long_run = np.zeros(n, dtype=np.bool_)
+    either = ignorable | leads_with_mark
+    i = 0
+    for d in range(n):
+        run = 0
+        for _ in range(offsets[d], offsets[d + 1]):
+            if data[i] < 0x80:
+                i += 1
+                run = 0
+                continue
+            cp, size = _decode(data, i)
+            i += size
+            f = flags[cp]
+            if f & ignorable:
+                has_ignorable[d] = True
+            if f & either:
+                run += 1
+                if run >= shortest:
+                    has_long_run[d] = True
+            else:
+                run = 0
+    return has_ignorable, has_long_run

@@ -1,14 +1,21 @@
 """Text normalisation for hashing, and exact content hashes.
 
 Two documents that differ only in Unicode form, letter case, punctuation, spacing (or, optionally,
-digits) should hash alike. ``normalize`` applies, in this order and each switchable:
+digits) should hash alike, and so should two that differ only in characters nobody sees.
+``normalize`` applies, in this order and each switchable:
 
-1. ``nfkc``: Unicode NFKC (compatibility forms: full-width letters, ligatures, non-breaking spaces).
+0. ``ignorables``: every default-ignorable code point (soft hyphen, zero-width space and joiners, word
+   joiner, BOM, tag characters, ...; ``unicode_bounds``) is removed.
+1. ``nfkc``: Unicode NFKC (compatibility forms: full-width letters, ligatures, non-breaking spaces),
+   of the text in UAX #15's stream-safe format, so a long run of combining marks costs linear time.
 2. ``casefold``: ``str.casefold`` (stronger than lower-casing: ``Straße`` -> ``strasse``).
 3. ``punctuation``: every punctuation or symbol character (general category ``P*`` or ``S*``) becomes a
    space, so ``end.Start`` still splits into two words.
 4. ``digits`` (off by default): every decimal digit (category ``Nd``) becomes ``0``.
 5. ``whitespace``: every run of white space (``str.isspace``) becomes one space; none at either end.
+
+A text with nothing left but white space after steps 0-1 is blank (``is_blank``): the job rejects
+it as ``empty`` and the service refuses it, so a text of invisible characters is no document.
 
 Steps 1-2 use CPython's C implementations; steps 3-5 run compiled over the UTF-8 bytes of a whole
 batch with a code point class table built once per process from ``unicodedata`` (so the result
@@ -27,6 +34,7 @@ import pyarrow as pa
 import xxhash
 
 from . import _constants as C
+from .unicode_bounds import CGJ, bounded
 
 # Scripts written without spaces between words: documents mostly in these get character shingles.
 NO_SPACE_RANGES: tuple[tuple[int, int], ...] = (
@@ -55,6 +63,7 @@ class NormalizeOptions:
     whitespace: bool = True
     punctuation: bool = True
     digits: bool = False
+    ignorables: bool = True
 
 
 DEFAULT_NORMALIZE = NormalizeOptions()
@@ -98,12 +107,21 @@ def as_strings(texts: Texts) -> list[str]:
 
 
 def prefold(strings: list[str], options: NormalizeOptions) -> list[str]:
-    """Steps 1-2 (NFKC, case folding) on every document."""
+    """Steps 0-2 (default-ignorables removed, NFKC, case folding) on every document."""
+    if options.ignorables or options.nfkc:
+        strings, made_safe = bounded(strings, options.ignorables, options.nfkc)
     if options.nfkc:
         strings = [unicodedata.normalize("NFKC", s) for s in strings]
+        for i in made_safe:  # without the CGJs that made the text stream-safe (default-ignorable, see step 0)
+            strings[i] = strings[i].replace(CGJ, "")
     if options.casefold:
         strings = [s.casefold() for s in strings]
     return strings
+
+
+def is_blank(prefolded: str) -> bool:
+    """Whether a text passed through ``prefold`` has nothing left but white space."""
+    return not prefolded or prefolded.isspace()
 
 
 def utf8_batch(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -125,7 +143,7 @@ def utf8_batch(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def prepare(texts: Texts, options: NormalizeOptions) -> tuple[np.ndarray, np.ndarray]:
-    """Steps 1-2 applied and the batch encoded: the input of the compiled kernels."""
+    """Steps 0-2 applied and the batch encoded: the input of the compiled kernels."""
     return utf8_batch(prefold(as_strings(texts), options))
 
 

@@ -387,7 +387,7 @@ class BlockSource:
         source = _RangeFile(info.bytes, [(start, data), (info.footer_offset, tail)], self._where(shard))
         expected = rows if head_rows is None else min(head_rows, rows)
         try:
-            parquet = pq.ParquetFile(source, metadata=metadata)
+            parquet = pq.ParquetFile(source, metadata=metadata, page_checksum_verification=True)
             if head_rows is not None:
                 batch_rows = expected
             else:

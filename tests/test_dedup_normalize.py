@@ -6,7 +6,8 @@ import pytest
 
 import dedup
 
-NONE = dedup.NormalizeOptions(nfkc=False, casefold=False, whitespace=False, punctuation=False, digits=False)
+NONE = dedup.NormalizeOptions(nfkc=False, casefold=False, whitespace=False, punctuation=False, digits=False,
+                              ignorables=False)
 
 
 def only(**flags: bool) -> dedup.NormalizeOptions:

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from pipeline.commands import options
 from pipeline.format import Corpus, CorpusError
+from pipeline.report.terminal import terminal_safe
 
 
 def threshold(text: str) -> float:
@@ -65,7 +66,7 @@ def _run(args: argparse.Namespace) -> int:
         from pipeline.report.what_if import render_what_if, what_if
 
         result = what_if(corpus, args.what_if, quiet=args.quiet)
-        print(json.dumps(result, indent=2) if args.json else render_what_if(result))
+        print(terminal_safe(json.dumps(result, indent=2) if args.json else render_what_if(result)))
         return 0
     removed = open_removed(corpus, args.removed)
     width = args.width or max(60, min(200, shutil.get_terminal_size((140, 40)).columns))
@@ -73,19 +74,19 @@ def _run(args: argparse.Namespace) -> int:
         with Progress("clusters: removed rows scanned", removed.num_rows, "rows", quiet=args.quiet) as progress:
             clusters = find_clusters(corpus, removed, args.top, progress)
         if args.json:
-            print(json.dumps([cluster_summary(c) for c in clusters], indent=2, ensure_ascii=False))
+            print(terminal_safe(json.dumps([cluster_summary(c) for c in clusters], indent=2, ensure_ascii=False)))
         else:
-            print(render_list(clusters, args.top, corpus.num_rows + removed.num_rows))
+            print(terminal_safe(render_list(clusters, args.top, corpus.num_rows + removed.num_rows)))
         return 0
     try:
         cluster = find_cluster(corpus, removed, args.show)
     except LookupError as exc:
-        print(f"gristmill clusters: {exc}", file=sys.stderr)
+        print(terminal_safe(f"gristmill clusters: {exc}"), file=sys.stderr)
         return 1
     load_texts(cluster, corpus, removed)
     if args.json:
-        print(json.dumps({**cluster_summary(cluster.figures()), "members": [vars(m) for m in cluster.everyone()]},
-                         indent=2, ensure_ascii=False))
+        print(terminal_safe(json.dumps({**cluster_summary(cluster.figures()),
+                                        "members": [vars(m) for m in cluster.everyone()]}, indent=2, ensure_ascii=False)))
     else:
-        print(render_cluster(cluster, width))
+        print(terminal_safe(render_cluster(cluster, width)))
     return 0

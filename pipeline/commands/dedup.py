@@ -15,6 +15,8 @@ import signal
 import sys
 from typing import Any
 
+from pipeline.report.terminal import terminal_safe
+
 # Command-line options that map one to one onto DedupConfig fields.
 _OPTIONS = ("threshold", "num_perm", "ngram", "bands", "rows", "seed", "text_column", "id_column",
             "max_doc_bytes", "split_bytes", "num_partitions", "partition_bytes", "spill_bytes", "cc_rows_per_task",
@@ -164,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if not ray_was_up:
             _stop_ray(ray)
-    print(json.dumps(stats, indent=2, sort_keys=True) if args.json else render(stats))
+    print(terminal_safe(json.dumps(stats, indent=2, sort_keys=True) if args.json else render(stats)))
     if empty:
         print(empty, file=sys.stderr)
         return 1

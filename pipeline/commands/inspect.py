@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.commands import options
 from pipeline.report.progress import LINE_SECONDS, Progress
 from pipeline.report.stats_text import human_bytes
+from pipeline.report.terminal import terminal_safe
 
 PROGRESS_SECONDS = LINE_SECONDS  # between plain progress lines when stderr is not a terminal
 
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gristmill inspect: {exc}", file=sys.stderr)
         return 2
     summary = summarise(corpus, args.verify, quiet=args.quiet)
-    print(json.dumps(summary, indent=2) if args.json else render(summary))
+    print(terminal_safe(json.dumps(summary, indent=2) if args.json else render(summary)))
     if args.verify and not summary["verify"]["ok"]:
         return 1
     return 0

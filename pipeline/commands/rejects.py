@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from pipeline.commands import options
 from pipeline.format import REJECT_KINDS, Corpus, CorpusError
 from pipeline.report.rejects import reject_batches, rejects_path, render_tally, tally
+from pipeline.report.terminal import terminal_safe
 
 _FIELDS = ("source", "position", "kind", "reason", "bytes", "count", "origin")
 
@@ -73,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
             if not counts:
                 print(f"no rejects: every input record of {args.corpus} became a document")
                 return 0
-            print("\n".join(render_tally(counts)))
+            print(terminal_safe("\n".join(render_tally(counts))))
         for reject in _rejects(corpus, path, args.kind, args.limit):
-            print(json.dumps(reject, ensure_ascii=False) if args.json else _line(reject))
+            print(terminal_safe(json.dumps(reject, ensure_ascii=False) if args.json else _line(reject)))
     except CorpusError as exc:
         print(f"gristmill rejects: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from pipeline.commands import options
+from pipeline.report.terminal import terminal_safe
 
 if TYPE_CHECKING:  # pyarrow is imported when the command runs, so `gristmill stats --help` is quick
     from pipeline.format import Corpus
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gristmill stats: {exc}", file=sys.stderr)
         return 2
     if raw is not None:
-        print(json.dumps(raw, indent=2) if args.json else render_raw_crawl(args.corpus, raw))
+        print(terminal_safe(json.dumps(raw, indent=2) if args.json else render_raw_crawl(args.corpus, raw)))
         if args.html:
             print(f"gristmill stats: --html {args.html} not written: a raw crawl has no dedup statistics to chart",
                   file=sys.stderr)
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gristmill stats: {args.corpus}: the manifest holds no statistics (not written by gristmill dedup)",
               file=sys.stderr)
         return 2
-    print(json.dumps(stats, indent=2) if args.json else render(stats))
+    print(terminal_safe(json.dumps(stats, indent=2) if args.json else render(stats)))
     if args.html:
         from pipeline.report.html_report import write_report
 

@@ -92,7 +92,7 @@ def iter_pairs(corpus: Corpus, info: PairsInfo, at_least: int = 0) -> Iterator[p
         path = corpus.member_path(name, "pairs file")
         try:
             with corpus.fs.open(path, "rb") as handle:
-                parquet = pq.ParquetFile(handle)
+                parquet = pq.ParquetFile(handle, page_checksum_verification=True)
                 if not parquet.schema_arrow.equals(PAIRS_SCHEMA):
                     raise CorpusError(f"{corpus.url}/{name}: not a pairs file (schema {parquet.schema_arrow})")
                 for group in range(parquet.num_row_groups):

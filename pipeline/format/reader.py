@@ -134,7 +134,7 @@ class Corpus:
             path = self.member_path(name, what)
             try:
                 with self.fs.open(path, "rb") as handle:
-                    tables.append(pq.read_table(handle, schema=schema))
+                    tables.append(pq.read_table(handle, schema=schema, page_checksum_verification=True))
             except (OSError, pa.ArrowException) as exc:
                 raise CorpusError(f"{self.url}/{name}: cannot read {what} ({exc})") from None
         return pa.concat_tables(tables) if tables else schema.empty_table()
@@ -199,10 +199,15 @@ class Corpus:
         return [self.verify_shard(s) for s in self.shards]
 
     def read_shard(self, shard: ShardInfo, columns: list[str] | None = None) -> pa.Table:
-        with self.fs.open(self.shard_path(shard), "rb") as handle:
-            # use_threads=False: threaded reads through a Python file object abort the process at exit
-            # now and then (apache/arrow#34314); one shard at a time needs no threads.
-            return pq.read_table(handle, columns=columns, use_threads=False)
+        """One shard, each page checked against its CRC; a shard that fails is a CorpusError naming it."""
+        path = self.shard_path(shard)
+        try:
+            with self.fs.open(path, "rb") as handle:
+                # use_threads=False: threaded reads through a Python file object abort the process at exit
+                # now and then (apache/arrow#34314); one shard at a time needs no threads.
+                return pq.read_table(handle, columns=columns, use_threads=False, page_checksum_verification=True)
+        except (OSError, pa.ArrowException) as exc:
+            raise CorpusError(f"{path}: a shard cannot be read ({type(exc).__name__}: {exc})") from None
 
     def iter_tables(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
         """Every shard in manifest order, one table each."""

@@ -31,7 +31,8 @@ def range_partition(values: np.ndarray, parts: int) -> np.ndarray:
 def write_sorted(handle: BinaryIO, table: pa.Table, group_rows: int) -> None:
     """Write ``table`` (already sorted by its lookup column) in row groups of ``group_rows`` rows, with
     the statistics that :func:`groups_holding` and :func:`groups_in_partition` read."""
-    pq.write_table(table, handle, row_group_size=max(1, group_rows), compression="zstd", write_statistics=True)
+    pq.write_table(table, handle, row_group_size=max(1, group_rows), compression="zstd", write_statistics=True,
+                   write_page_checksum=True)
 
 
 def _bounds(metadata: pq.FileMetaData, column: str) -> Iterator[tuple[int, Any, Any]]:
@@ -115,4 +116,4 @@ def open_counted(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     fs, path = open_fs(url, storage_options)
     with fs.open(path, "rb", cache_type="none") as raw:
         counted = CountingFile(raw)
-        yield pq.ParquetFile(counted), counted
+        yield pq.ParquetFile(counted, page_checksum_verification=True), counted

@@ -198,7 +198,8 @@ class ShardWriter:
         self._sink = _HashingSink(handle)
         dictionary_columns = [name for name in self.schema.names if name not in UNIQUE_VALUED_COLUMNS]
         self._writer = pq.ParquetWriter(self._sink, self.schema, compression=self.compression,
-                                        use_dictionary=dictionary_columns, write_batch_size=PAGE_CHECK_ROWS)
+                                        use_dictionary=dictionary_columns, write_batch_size=PAGE_CHECK_ROWS,
+                                        write_page_checksum=True)  # a CRC per page: readers verify each
         self._shard_rows = 0
 
     def _close_shard(self) -> None:

@@ -84,11 +84,17 @@ def _read_split_now(job: Job, split: Split) -> dict[str, Any]:
     ordinal = 0
     columns = extras.ColumnTypes()  # the input's own columns, carried beside the documents file
     with job.work.table_writer(DOCS.file(split_index), DOC_SCHEMA) as writer:
-        for number, batch in enumerate(_document_batches(job, split, rejects)):
+        number = 0  # batches written: batch ``number`` is row group ``number`` of the documents file
+        for batch in _document_batches(job, split, rejects):
+            batch, prefolded = _visible(batch, hasher.normalize, rejects)
+            if not batch:
+                continue
             check_split_rows(ordinal + len(batch), f"split {split_index} ({split.pieces[0].file.url}, ...)")
-            table, signatures = _document_table(split_index, ordinal, batch, hasher, seen, job.preference.keys)
-            writer.write_table(table, row_group_size=table.num_rows)  # batch ``number`` is row group ``number``
+            table, signatures = _document_table(split_index, ordinal, batch, prefolded, hasher, seen,
+                                                job.preference.keys)
+            writer.write_table(table, row_group_size=table.num_rows)
             extras.write_batch(job.work, split_index, number, extras.batch_table([d for d, _ in batch], columns))
+            number += 1
             signed.append(signatures)
             ordinal += table.num_rows
     hash_schema = hash_signature_schema(job.params.num_perm)
@@ -130,9 +136,31 @@ def _document_batches(job: Job, split: Split, rejects: list[tuple[Reject, str]])
         yield batch
 
 
-def _document_table(split_index: int, first: int, batch: list[tuple[Doc, str]], hasher: Any,
-                    seen: set[str], preference: Callable[[list[Doc]], np.ndarray]) -> tuple[pa.Table, pa.Table]:
-    """One batch as rows of the split's documents file (keys from ``first`` on, content hashes, the
+def _visible(batch: list[tuple[Doc, str]], options: Any,
+             rejects: list[tuple[Reject, str]]) -> tuple[list[tuple[Doc, str]], list[str]]:
+    """The batch without the documents that normalise to nothing (only white space and invisible
+    characters: ``dedup.normalize.is_blank``), each rejected as ``empty``; and the kept documents'
+    texts after normalisation steps 0-2 (``prefold``)."""
+    from dedup.normalize import is_blank, prefold
+
+    prefolded = prefold([d.text for d, _ in batch], options)
+    kept: list[tuple[Doc, str]] = []
+    kept_prefolded: list[str] = []
+    for (doc, origin), folded in zip(batch, prefolded, strict=True):
+        if is_blank(folded):
+            rejects.append((Reject(doc.source, doc.position, "empty",
+                                   "no text once normalised: only white space and invisible characters",
+                                   len(doc.text.encode("utf-8"))), origin))
+        else:
+            kept.append((doc, origin))
+            kept_prefolded.append(folded)
+    return kept, kept_prefolded
+
+
+def _document_table(split_index: int, first: int, batch: list[tuple[Doc, str]], prefolded: list[str],
+                    hasher: Any, seen: set[str],
+                    preference: Callable[[list[Doc]], np.ndarray]) -> tuple[pa.Table, pa.Table]:
+    """One batch (and its texts after ``prefold``) as rows of the split's documents file (keys from ``first`` on, content hashes, the
     survivor policy's key of each document by ``preference``), and the MinHash signature of each
     content hash not in ``seen`` (then added to it).
 
@@ -140,11 +168,10 @@ def _document_table(split_index: int, first: int, batch: list[tuple[Doc, str]], 
     and normalisation of every text. Equal content hashes mean equal normalised texts, hence equal
     token sequences and signatures, so one signature per hash serves every exact copy.
     """
-    from dedup.normalize import fold_prepared, hashes_of_folded, prefold, utf8_batch
+    from dedup.normalize import fold_prepared, hashes_of_folded, utf8_batch
 
     docs = [d for d, _ in batch]
     texts = [d.text for d in docs]
-    prefolded = prefold(texts, hasher.normalize)
     data, offsets = utf8_batch(prefolded)
     hashes = hashes_of_folded(*fold_prepared(data, offsets, hasher.normalize))
     new = []

@@ -119,7 +119,7 @@ def row_groups(corpus: Corpus, columns: list[str], stride: int = 1) -> Iterator[
         if not chosen:
             continue
         with corpus.fs.open(corpus.shard_path(shard), "rb") as handle:
-            parquet = pq.ParquetFile(handle)
+            parquet = pq.ParquetFile(handle, page_checksum_verification=True)
             for group in chosen:
                 yield parquet.read_row_group(group, columns=read, use_threads=False).rename_columns(columns)
 
@@ -269,7 +269,7 @@ def load_texts(cluster: Cluster, corpus: Corpus, removed: Corpus) -> None:
     for source in {id(corpus): corpus, id(removed): removed}.values():
         for shard in source.shards:
             with source.fs.open(source.shard_path(shard), "rb") as handle:
-                parquet = pq.ParquetFile(handle)
+                parquet = pq.ParquetFile(handle, page_checksum_verification=True)
                 for group in range(parquet.num_row_groups):
                     ids = parquet.read_row_group(group, columns=["id"], use_threads=False)["id"]
                     if pc.any(pc.is_in(ids, value_set=wanted)).as_py():

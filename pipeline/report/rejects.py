@@ -35,7 +35,7 @@ def reject_batches(corpus: Corpus, path: str, columns: Sequence[str] | None = No
     """The rejects file in record batches (bounded memory); a missing or unreadable file is a CorpusError."""
     try:
         with corpus.fs.open(path, "rb") as handle:
-            yield from pq.ParquetFile(handle).iter_batches(columns=list(columns) if columns else None,
+            yield from pq.ParquetFile(handle, page_checksum_verification=True).iter_batches(columns=list(columns) if columns else None,
                                                            use_threads=False)
     except FileNotFoundError:
         raise CorpusError(f"{path}: the rejects file the manifest of {corpus.url} names is missing") from None

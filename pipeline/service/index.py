@@ -152,7 +152,8 @@ def load_corpus_index(url: str, rows_path: str, part: tuple[int, int] = (0, 1)) 
             try:
                 with corpus.fs.open(path, "rb") as handle:
                     # streamed through a small buffer: by default pyarrow reads whole column chunks ahead
-                    parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 22)
+                    parquet = pq.ParquetFile(handle, pre_buffer=False, buffer_size=1 << 22,
+                                             page_checksum_verification=True)
                     for name in columns:
                         have = parquet.schema_arrow.field(name).type if name in parquet.schema_arrow.names else None
                         if have != schema.field(name).type:

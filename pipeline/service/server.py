@@ -45,7 +45,7 @@ import xxhash
 from aiohttp import web
 
 from dedup.lsh import band_hashes
-from dedup.normalize import fold_prepared, hashes_of_folded, prepare
+from dedup.normalize import fold_prepared, hashes_of_folded, is_blank, prefold, utf8_batch
 from pipeline.format.signature_index import IndexParams, params_from_dict, params_to_dict
 from pipeline.service.columns import ROW_HEAD, RowStore
 from pipeline.service.index import LiveIndex, load_corpus_index
@@ -331,12 +331,18 @@ def verdict(doc_id: str, digest: str, add: bool, exact: str | None, near: Sequen
 async def fingerprints(hasher: Any, params: IndexParams, docs: Sequence[Doc]) -> Fingerprints:
     """Hash a batch in slices of about ``FINGERPRINT_SLICE_CHARS`` characters, yielding to the event
     loop after each: hashing is pure, so it needs no exclusion, and other clients are served while a
-    large batch is hashed (the kernels hold the GIL, so a thread would not free the loop)."""
+    large batch is hashed (the kernels hold the GIL, so a thread would not free the loop).
+    A document that normalises to nothing (white space and invisible characters) is a :class:`BadRequest`."""
     normalize = hasher.normalize
     digests: list[str] = []
     signatures: list[np.ndarray] = []
     for part in _slices(docs, FINGERPRINT_SLICE_CHARS):
-        data, offsets = prepare([d.text for d in part], normalize)
+        prefolded = prefold([d.text for d in part], normalize)
+        blank = next((i for i, text in enumerate(prefolded) if is_blank(text)), None)
+        if blank is not None:
+            raise BadRequest(f"document {len(digests) + blank} of the request has no text once normalised "
+                             "(only white space and invisible characters)")
+        data, offsets = utf8_batch(prefolded)
         digests += hashes_of_folded(*fold_prepared(data, offsets, normalize))
         signatures.append(hasher.signatures_prepared(data, offsets)[0])
         await asyncio.sleep(0)
