@@ -74,10 +74,16 @@ def test_against_is_repeatable_on_the_command_line_and_a_string_in_the_job_file(
     assert dedup_cmd.config_from_args(args).against == ["A", "B"]  # a corpus given twice counts once
     job = tmp_path / "job.toml"
     job.write_text('inputs = ["in.jsonl"]\noutput = "out"\nagainst = "A"\n')
-    assert dedup_cmd.config_from_args(parser.parse_args(["--job", str(job)])).against == ["A"]
+
+    def parsed(*argv: str) -> argparse.Namespace:
+        args = parser.parse_args(list(argv))
+        args._parser, args._argv = parser, list(argv)  # as pipeline.cli records them
+        return args
+
+    assert dedup_cmd.config_from_args(parsed("--job", str(job))).against == ["A"]
     job.write_text('inputs = ["in.jsonl"]\noutput = "out"\nagainst = ["A", "B"]\n')
-    assert dedup_cmd.config_from_args(parser.parse_args(["--job", str(job)])).against == ["A", "B"]
-    assert dedup_cmd.config_from_args(parser.parse_args(["--job", str(job), "--against", "C"])).against == ["C"]
+    assert dedup_cmd.config_from_args(parsed("--job", str(job))).against == ["A", "B"]
+    assert dedup_cmd.config_from_args(parsed("--job", str(job), "--against", "C")).against == ["C"]
     assert DedupConfig(inputs=[], output="o").against == []
 
 

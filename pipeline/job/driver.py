@@ -112,6 +112,10 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     check_split_count(len(splits), len(index_files))
     fingerprint = job_fingerprint(config, params, splits, index_files, preference)  # names the output files
     claim_folders(config, files, fingerprint)  # refuse a folder we may not write before taking its lease
+    _start_ray()
+    import ray
+
+    check_local_paths(ray, config, files)  # on several nodes, before anything is written (a lease is a write)
     # one writer per output folder (pipeline.format.lease): another job is refused, this same job waits
     leases = acquire_leases([config.output] + ([config.removed] if config.removed else []), fingerprint,
                             config.storage_options)
@@ -120,6 +124,21 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
                            on_stage, progress)
     finally:
         release_leases(leases)
+
+
+def _start_ray() -> None:
+    """Join RAY_ADDRESS's cluster (set by `ray job submit`), else start a private local Ray rather than
+    attach to whatever cluster this machine happens to run; a caller's Ray stays as it is."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS") or "local"
+    local = {"include_dashboard": False} if address == "local" else {}  # the dashboard costs seconds
+    if address == "local":
+        for name, value in WORKER_ALLOCATOR_ENV.items():  # inherited by the workers this starts
+            os.environ.setdefault(name, value)
+    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
 
 
 def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference, files: list[InputFile],
@@ -138,16 +157,6 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
             if on_stage is not None:
                 on_stage(name)
         return finished.stats
-    if not ray.is_initialized():
-        # RAY_ADDRESS (set by `ray job submit`) joins that cluster; otherwise start a private local Ray
-        # rather than attach to whatever cluster this machine happens to run.
-        address = os.environ.get("RAY_ADDRESS") or "local"
-        local = {"include_dashboard": False} if address == "local" else {}  # the dashboard costs seconds
-        if address == "local":
-            for name, value in WORKER_ALLOCATOR_ENV.items():  # inherited by the workers this starts
-                os.environ.setdefault(name, value)
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
-    check_local_paths(ray, config, files)  # on several nodes, before anything is written
     work = WorkDir(config.work_url, config.storage_options)
     previous = work.read_json(JOB_RECORD)
     # the shuffles and the components' rounds depend on these too
