@@ -1,4 +1,5 @@
-"""Fixtures shared by several test modules: a local Ray, a real S3-protocol server on loopback."""
+"""Fixtures shared by several test modules: a local Ray, a real S3-protocol server on loopback, and the
+counting, fault-injecting proxy in front of it (benchmarks/shaped_store.py)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,17 @@ def s3_bucket(s3_server: dict) -> str:
     fs = s3fs.S3FileSystem(**s3_server["storage_options"])
     fs.mkdir(name)
     return f"s3://{name}"
+
+
+@pytest.fixture(scope="module")
+def store(s3_server: dict) -> Iterator[object]:
+    """moto behind benchmarks/shaped_store.py for one test module: it counts (and logs) every request by
+    kind and injects faults on demand; a test that shapes or fails it undoes that itself."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from shaped_store import ShapedStore
+
+    with ShapedStore(s3_server["endpoint_url"], record=True) as shaped:
+        yield shaped

@@ -35,12 +35,6 @@ from shaped_store import Shape, ShapedStore  # noqa: E402
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def store(s3_server: dict) -> Iterator[ShapedStore]:
-    with ShapedStore(s3_server["endpoint_url"]) as shaped:
-        yield shaped
-
-
 @pytest.fixture()
 def shaped(store: ShapedStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[ShapedStore]:
     """The proxy, unshaped and untampered at the start and end of each test.

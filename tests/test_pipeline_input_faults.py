@@ -40,12 +40,6 @@ pytestmark = pytest.mark.timeout(240)
 OPTIONS = ReadOptions("text", "id", 10 * 1024 * 1024)
 
 
-@pytest.fixture(scope="module")
-def store(s3_server: dict) -> Iterator[ShapedStore]:
-    with ShapedStore(s3_server["endpoint_url"]) as shaped:
-        yield shaped
-
-
 @pytest.fixture()
 def shaped(store: ShapedStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[ShapedStore]:
     """The proxy with no faults and fresh counts; s3fs and botocore try each request once, so what is

@@ -47,12 +47,6 @@ def documents(prefix: str, count: int, rng: random.Random) -> list[dict[str, str
 
 
 @pytest.fixture(scope="module")
-def store(s3_server: dict) -> Iterator[ShapedStore]:
-    with ShapedStore(s3_server["endpoint_url"], record=True) as shaped:
-        yield shaped
-
-
-@pytest.fixture(scope="module")
 def bucket(store: ShapedStore) -> tuple[str, int, int]:
     """A bucket with three JSONL inputs under raw/; (its URL, the documents they hold, a split size that
     gives a.jsonl a split of its own, b.jsonl whole with the start of c.jsonl, and the rest of c)."""

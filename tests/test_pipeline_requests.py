@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,12 +25,6 @@ from shaped_store import ShapedStore  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 SPLITS, PARTITIONS = 8, 12
-
-
-@pytest.fixture(scope="module")
-def store(s3_server: dict) -> Iterator[ShapedStore]:
-    with ShapedStore(s3_server["endpoint_url"], record=True) as shaped:
-        yield shaped
 
 
 def _run(store: ShapedStore, bucket: str, inputs: Path, split_bytes: int) -> tuple[dict[str, Counter], dict]:
