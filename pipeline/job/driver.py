@@ -112,10 +112,13 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
     check_split_count(len(splits), len(index_files))
     fingerprint = job_fingerprint(config, params, splits, index_files, preference)  # names the output files
     claim_folders(config, files, fingerprint)  # refuse a folder we may not write before taking its lease
-    _start_ray()
-    import ray
+    if os.environ.get("RAY_ADDRESS") or _ray_is_up():
+        # a cluster to join may have several nodes: every local path is checked on each before anything
+        # is written (a lease is a write); a private local Ray, started after the lease, is one node
+        _start_ray()
+        import ray
 
-    check_local_paths(ray, config, files)  # on several nodes, before anything is written (a lease is a write)
+        check_local_paths(ray, config, files)
     # one writer per output folder (pipeline.format.lease): another job is refused, this same job waits
     leases = acquire_leases([config.output] + ([config.removed] if config.removed else []), fingerprint,
                             config.storage_options)
@@ -124,6 +127,13 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
                            on_stage, progress)
     finally:
         release_leases(leases)
+
+
+def _ray_is_up() -> bool:
+    """Whether the caller (the command line's --ray-address, a test, a notebook) started Ray already."""
+    import ray
+
+    return ray.is_initialized()
 
 
 def _start_ray() -> None:
@@ -157,6 +167,7 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
             if on_stage is not None:
                 on_stage(name)
         return finished.stats
+    _start_ray()  # already up when run_dedup joined a cluster to check its nodes
     work = WorkDir(config.work_url, config.storage_options)
     previous = work.read_json(JOB_RECORD)
     # the shuffles and the components' rounds depend on these too
