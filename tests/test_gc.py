@@ -78,6 +78,7 @@ _LEDGERS = st.one_of(
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ledger=_LEDGERS)
 @example(ledger=json.dumps({"retired": {OLD: float("-inf")}}).encode())  # would read as retired forever ago
+@example(ledger=json.dumps({"retired": {"": None, OLD: 4e9}}).encode())  # junk beside a future time: rewritten
 def test_a_hostile_ledger_never_crashes_and_never_removes_a_file_early(tmp_path: Path, ledger: bytes) -> None:
     folder = tmp_path / f"c{time.time_ns()}"
     corpus = _corpus(folder)

@@ -22,8 +22,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import fsspec
-
 from pipeline.format.lease import LEASE_NAME, as_seconds
 from pipeline.format.manifest import (
     MANIFEST_NAMES,
@@ -68,7 +66,11 @@ def retire_unlisted(url: str, manifest: Manifest, storage_options: Mapping[str, 
             continue
         unlisted[relative] = int(info.get("size") or 0)
     ledger_path = posixpath.join(root, RETIRED_NAME)
-    ledger = _read_ledger(fs, ledger_path)
+    try:
+        ledger_bytes: bytes | None = fs.cat_file(ledger_path)
+    except FileNotFoundError:
+        ledger_bytes = None
+    ledger = _parse_ledger(ledger_bytes)
     now = time.time()
     result = Reclaimed()
     for relative, size in sorted(unlisted.items()):
@@ -81,21 +83,25 @@ def retire_unlisted(url: str, manifest: Manifest, storage_options: Mapping[str, 
             result.removed[relative] = size
         else:
             result.retired[relative] = since
-    if result.retired != ledger:
-        if result.retired:
-            write_whole(fs, ledger_path, json.dumps({"retired": result.retired}, indent=1, sort_keys=True).encode())
-        elif fs.exists(ledger_path):
+    # compared as bytes, so junk the ledger held (names not ours, bad times) is rewritten away too
+    new_bytes = json.dumps({"retired": result.retired}, indent=1, sort_keys=True).encode() if result.retired else None
+    if new_bytes != ledger_bytes:
+        if new_bytes is not None:
+            write_whole(fs, ledger_path, new_bytes)
+        else:
             fs.rm_file(ledger_path)
     return result
 
 
-def _read_ledger(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, float]:
+def _parse_ledger(raw: bytes | None) -> dict[str, float]:
     """The ledger's entries (path -> when retired); a time that is not a finite number, or lies in the
     future, reads as now, and a ledger that cannot be read as nothing retired yet: both only keep
     files longer, never remove one early."""
+    if raw is None:
+        return {}
     try:
-        data = json.loads(fs.cat_file(path))
-    except (FileNotFoundError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
+        data = json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: JSON nested too deep
         return {}
     entries = data.get("retired") if isinstance(data, dict) else None
     if not isinstance(entries, dict):
