@@ -34,7 +34,7 @@ test: $(STAMP) system-deps lint
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
-	$(PY) -m pipeline.demo
+	$(PY) -m gristmill.pipeline.demo
 
 # Competitors for benchmarks/ live in their own environment so they never change the tested one.
 bench-env: pyproject.toml benchmarks/requirements.txt

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-EAGER = ("import importlib\nfrom pipeline.cli import COMMANDS, build_parser\n"
+EAGER = ("import importlib\nfrom gristmill.pipeline.cli import COMMANDS, build_parser\n"
          "[importlib.import_module(module) for module, _ in COMMANDS.values()]\nbuild_parser().format_help()")
 
 

@@ -41,7 +41,7 @@ def _texts(rng: np.random.Generator, count: int) -> pa.Array:
 def generate(removed_count: int, seed: int = 0) -> Path:
     """A kept corpus and its removed corpus with ``removed_count`` removed documents; returns the kept one."""
     sys.path.insert(0, str(REPO))
-    from pipeline.format import CORPUS_SCHEMA, JOB_FINGERPRINT_KEY, REMOVED_SCHEMA, ShardWriter
+    from gristmill.pipeline.format import CORPUS_SCHEMA, JOB_FINGERPRINT_KEY, REMOVED_SCHEMA, ShardWriter
 
     rng = np.random.default_rng(seed)
     sizes = np.minimum(rng.zipf(2.0, removed_count), 10_000)  # removed members per cluster
@@ -91,7 +91,7 @@ def generate(removed_count: int, seed: int = 0) -> Path:
 
 def measure(tree: Path, arguments: list[str]) -> dict[str, float]:
     """One ``clusters`` command with the gristmill of ``tree``: wall seconds and peak RSS (MiB)."""
-    command = [str(REPO / ".venv" / "bin" / "python"), "-m", "pipeline.cli", "clusters", *arguments]
+    command = [str(REPO / ".venv" / "bin" / "python"), "-m", "gristmill.pipeline.cli", "clusters", *arguments]
     started = time.perf_counter()
     process = subprocess.Popen(command, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                env={**os.environ, "PYTHONPATH": str(tree), **LOOPBACK_RAY})

@@ -6,7 +6,7 @@ commits together O(shards^2). Since then a commit writes its shard and records i
 (``Committer.flush(None)``), and the listing is published apart. That publication still costs
 O(shards): on a fixed ``commit_interval`` (30 s) a billion-page crawl (a million shards of 1,000
 pages) would spend its life publishing. Now it is published again only when
-``crawlers.commits.publish_due``: ``commit_interval`` after the last, and not before the last one
+``gristmill.crawlers.commits.publish_due``: ``commit_interval`` after the last, and not before the last one
 took / ``PUBLISH_SHARE`` (5 %).
 
 Each size is a crawl state holding S recorded shards (``--row-groups`` each: 64 as a 256 MiB shard of
@@ -42,9 +42,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from crawlers.commits import PUBLISH_SHARE, Committer, publish_segments  # noqa: E402
-from crawlers.frontier import RESULT_COLUMNS, Frontier, ResultLog  # noqa: E402
-from crawlers.partitions import read_json  # noqa: E402
+from gristmill.crawlers.commits import PUBLISH_SHARE, Committer, publish_segments  # noqa: E402
+from gristmill.crawlers.frontier import RESULT_COLUMNS, Frontier, ResultLog  # noqa: E402
+from gristmill.crawlers.partitions import read_json  # noqa: E402
 
 PAGES = 1000
 INTERVAL = 30.0  # commit_interval's default

@@ -44,8 +44,8 @@ from process_tree import TreeMemory  # noqa: E402
 CRAWL = """
 import json, sys
 import pyarrow.parquet as pq
-from crawlers import crawl
-from pipeline.format import Corpus
+from gristmill.crawlers import crawl
+from gristmill.pipeline.format import Corpus
 if __name__ == "__main__":
     seeds, out, partitions, extract, concurrency = json.loads(sys.argv[1])
     summary = crawl(seeds, out, allow_networks=["127.0.0.0/8"], concurrency=concurrency, per_host_concurrency=4,

@@ -5,7 +5,7 @@ the network is not the bottleneck, so both crawlers fetch the same pre-rendered 
 its own process on 127.0.0.1, at the same concurrency, with robots.txt obeyed, no delays and no
 auto-throttling, each run in a fresh interpreter, alternating. Reported: medians of several runs
 and their ratio. "Extraction on" means main-text extraction and language id of every page through the
-very same function, ``crawlers.extract.process_document`` (trafilatura with gristmill's settings,
+very same function, ``gristmill.crawlers.extract.process_document`` (trafilatura with gristmill's settings,
 then py3langid): gristmill runs it in its worker process pool, Scrapy inline in its callback, which
 is how a Scrapy user would call it.
 Times are each crawler's own: gristmill's ``CrawlSummary.elapsed_s`` (from ``run()``, so starting the
@@ -88,7 +88,7 @@ def serve(pages: int, port_out: multiprocessing.connection.Connection) -> None:
 # in each new process (without it, every worker would first run a crawl of its own).
 GRISTMILL = """
 import json, sys
-from crawlers import crawl
+from gristmill.crawlers import crawl
 if __name__ == "__main__":
     start, out, extract, concurrency = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
     summary = crawl([start], out, allow_networks=["127.0.0.0/8"], concurrency=concurrency,
@@ -104,7 +104,7 @@ from scrapy.crawler import CrawlerProcess
 from scrapy.linkextractors import LinkExtractor
 start, out, extract, concurrency = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
 if extract:
-    from crawlers.extract import prepare_worker, process_document
+    from gristmill.crawlers.extract import prepare_worker, process_document
     prepare_worker()  # trafilatura and the language model loaded before the clock starts, as in gristmill's workers
 
 class Site(scrapy.Spider):
@@ -137,7 +137,7 @@ print(json.dumps({"pages": stats.get("item_scraped_count", 0),
 
 FRONTIER_GRISTMILL = """
 import json, sys, resource, psutil
-from crawlers.crawler import Crawler, CrawlConfig
+from gristmill.crawlers.crawler import Crawler, CrawlConfig
 count, out = int(sys.argv[1]), sys.argv[2]
 process = psutil.Process()
 before = process.memory_info().rss

@@ -28,7 +28,7 @@ import scipy.sparse as sp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minhash_speed import word_shingles  # noqa: E402
 
-import dedup  # noqa: E402
+from gristmill import dedup  # noqa: E402
 
 ROOTS = ("/usr/lib/python3.11", "/root/.pyenv/versions/3.11.7/lib/python3.11")
 

@@ -1,6 +1,6 @@
 """Main-text extraction quality on the shared article-extraction benchmark (token-level P/R/F1).
 
-Why: ``crawlers.extract.extract_text`` picks its library and settings by this measurement, quality
+Why: ``gristmill.crawlers.extract.extract_text`` picks its library and settings by this measurement, quality
 and CPU time per page (extraction is what bounds a crawl's pages/s), not by reputation. Scoring
 follows scrapinghub/article-extraction-benchmark: whitespace tokens, per-page precision and recall
 from token multisets, averaged over pages, F1 of the averages (also shown: the mean of per-page F1).
@@ -59,7 +59,7 @@ def _baseline(html: str) -> str:
 
 def _gristmill(html: str) -> str:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from crawlers.extract import extract_text
+    from gristmill.crawlers.extract import extract_text
 
     return extract_text(html)
 

@@ -79,7 +79,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import ray
 
-    from pipeline.job import DedupConfig, run_dedup
+    from gristmill.pipeline.job import DedupConfig, run_dedup
 
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)

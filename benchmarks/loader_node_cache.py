@@ -27,7 +27,7 @@ RANKS, WORKERS = 2, 2
 
 def read_two_epochs(url: str, options: dict, cache_dir: str | None, rank: int, worker: int,
                     barrier: multiprocessing.Barrier, queue: multiprocessing.Queue) -> None:
-    from loaders import StreamingLoader
+    from gristmill.loaders import StreamingLoader
 
     loader = StreamingLoader(url, batch_size=32, columns=["text"], rank=rank, world_size=RANKS, worker_id=worker,
                              num_workers=WORKERS, storage_options=options, cache_dir=cache_dir, cache_bytes=8 << 30)
@@ -69,7 +69,7 @@ def main() -> None:
     import s3fs
     from moto.server import ThreadedMotoServer
 
-    from pipeline.format import Corpus, ShardWriter
+    from gristmill.pipeline.format import Corpus, ShardWriter
 
     for key, value in {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
                        "AWS_DEFAULT_REGION": "us-east-1"}.items():

@@ -40,7 +40,14 @@ WORLD, RANK = 64, 3
 
 def write_corpus(folder: str, blocks: int, version: int) -> None:
     """A corpus of ``blocks`` row groups, manifest only (no shard data is read when planning)."""
-    from pipeline.format import CORPUS_SCHEMA, MANIFEST_NAME, BlockTable, RowGroups, ShardInfo, write_manifest
+    from gristmill.pipeline.format import (
+        CORPUS_SCHEMA,
+        MANIFEST_NAME,
+        BlockTable,
+        RowGroups,
+        ShardInfo,
+        write_manifest,
+    )
 
     rng = np.random.default_rng(blocks)
     shards = -(-blocks // GROUPS_PER_SHARD)
@@ -95,7 +102,7 @@ def timed(work: Callable[[], object]) -> dict[str, float]:
 
 def measure(url: str) -> dict[str, float]:
     """Open and plan an epoch in this (fresh) process, as a rank does before its first batch."""
-    from loaders import StreamingLoader
+    from gristmill.loaders import StreamingLoader
 
     return timed(lambda: len(StreamingLoader(url, rank=RANK, world_size=WORLD, batch_size=32, shuffle=True)))
 

@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import loader_speed  # noqa: E402  (the local benchmark: its trial loop and competitors' helpers)
 from loader_speed import BATCH, _identity, _import_streaming, _texts_collate  # noqa: E402
 
-from pipeline.report.progress import progress_bar  # noqa: E402
+from gristmill.pipeline.report.progress import progress_bar  # noqa: E402
 
 BUCKET = "bench"
 FOLDERS = {"gristmill": "gristmill", "mosaic": "mds", "litdata": "litdata"}  # what each tool reads
@@ -100,8 +100,8 @@ def make_loader(tool: str, data: str, workers: int) -> tuple[Iterable[Any], Any]
     from torch.utils.data import DataLoader, IterableDataset
 
     if tool.startswith("gristmill"):
-        from loaders import StreamingLoader
-        from loaders.torch_dataset import StreamingDataLoader, StreamingDataset
+        from gristmill.loaders import StreamingLoader
+        from gristmill.loaders.torch_dataset import StreamingDataLoader, StreamingDataset
 
         local = tool == "gristmill-local"
         url = os.path.join(data, "gristmill") if local else f"s3://{BUCKET}/gristmill"
@@ -156,7 +156,7 @@ class _RawReads:
     def __iter__(self) -> Iterator[bytes]:
         import s3fs
 
-        from pipeline.format import Corpus
+        from gristmill.pipeline.format import Corpus
 
         corpus = Corpus.open(f"s3://{BUCKET}/gristmill", s3_options())
         fs = s3fs.S3FileSystem(**s3_options())
@@ -179,7 +179,7 @@ def import_tool(tool: str) -> None:
     import torch.utils.data  # noqa: F401
 
     modules = {"mosaic": [], "litdata": ["litdata"], "pyarrow-s3fs": ["pyarrow.parquet", "s3fs"],
-               "raw-reads": ["s3fs"]}.get(tool, ["loaders", "loaders.torch_dataset", "s3fs"])
+               "raw-reads": ["s3fs"]}.get(tool, ["loaders", "gristmill.loaders.torch_dataset", "s3fs"])
     if tool == "mosaic":
         _import_streaming()
     for module in modules:

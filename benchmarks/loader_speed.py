@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pipeline.report.progress import progress_bar
+from gristmill.pipeline.report.progress import progress_bar
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -71,7 +71,7 @@ def timed(label: str, action: Callable[[], Any], times: dict[str, float]) -> Non
 def prepare(data: str, megabytes: int, copies: int = 1) -> None:
     """Every tool's format of the same documents; ``copies`` > 1 repeats them (new ids), for corpora
     larger than this machine's text: a loader's speed does not depend on the documents being distinct."""
-    from pipeline.format import ShardWriter
+    from gristmill.pipeline.format import ShardWriter
 
     if os.path.exists(data):
         shutil.rmtree(data)
@@ -216,8 +216,8 @@ def make_loader(tool: str, data: str, workers: int) -> tuple[Iterable[Any], Call
     from torch.utils.data import DataLoader, IterableDataset
 
     if tool in ("gristmill", "gristmill-tokens"):
-        from loaders import StreamingLoader
-        from loaders.torch_dataset import StreamingDataLoader, StreamingDataset
+        from gristmill.loaders import StreamingLoader
+        from gristmill.loaders.torch_dataset import StreamingDataLoader, StreamingDataset
 
         url = os.path.join(data, "gristmill")
         args: dict[str, Any] = {"batch_size": BATCH, "columns": ["text"], "world_size": 1, "rank": 0}
@@ -284,7 +284,7 @@ def import_tool(tool: str) -> None:
 
     if tool == "mosaic":
         _import_streaming()
-    modules = {"gristmill": ["loaders", "loaders.torch_dataset"], "gristmill-tokens": ["loaders", "loaders.torch_dataset"],
+    modules = {"gristmill": ["loaders", "gristmill.loaders.torch_dataset"], "gristmill-tokens": ["loaders", "gristmill.loaders.torch_dataset"],
                "pyarrow": ["pyarrow.parquet"], "pyarrow-all-cores": ["pyarrow.parquet"], "mosaic": [], "litdata-optimize": ["litdata"],
                "litdata-parquet": ["litdata", "litdata.streaming.item_loader", "polars"]}[tool]
     for module in modules:

@@ -1,6 +1,6 @@
 """Raw text -> MinHash signatures on one core: gristmill vs datasketch vs rensa, same documents.
 
-Every tool gets the same documents and the same shingles (word 5-grams of ``dedup.normalize(text)``,
+Every tool gets the same documents and the same shingles (word 5-grams of ``gristmill.dedup.normalize(text)``,
 128 permutations). gristmill takes raw text and does everything itself; the competitors get the
 Python shingling users would write (counted in their end-to-end time, and also reported on its own).
 The process is pinned to one CPU so multi-threaded libraries cannot use more than one core. Runs are
@@ -54,7 +54,7 @@ def load_sources(count: int, min_bytes: int = 6000, max_bytes: int = 12000) -> l
 
 def word_shingles(text: str, ngram: int) -> list[str]:
     """The shingles gristmill hashes, built the way a datasketch/rensa user would in Python."""
-    import dedup
+    from gristmill import dedup
 
     tokens = dedup.normalize(text).split()
     span = min(ngram, len(tokens))
@@ -65,7 +65,7 @@ def compile_times() -> tuple[float, float]:
     """CPU seconds of the first call in a fresh process: empty numba cache, then the filled cache."""
     code = (
         "import time, dedup; t = time.process_time(); "
-        "dedup.MinHasher().signatures(['a b c']); print(time.process_time() - t)"
+        "gristmill.dedup.MinHasher().signatures(['a b c']); print(time.process_time() - t)"
     )
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "NUMBA_CACHE_DIR": cache}
@@ -88,7 +88,7 @@ def main() -> None:
     import datasketch
     import rensa
 
-    import dedup
+    from gristmill import dedup
 
     texts = load_sources(args.docs)
     megabytes = sum(len(t.encode("utf-8")) for t in texts) / 1e6

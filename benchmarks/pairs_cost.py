@@ -3,7 +3,7 @@ bytes per input document and CPU seconds, before and after, on the same input in
 
 ``--before`` and ``--after`` are two source trees of gristmill that differ only in the pairs table
 (e.g. ``git archive`` of the commit before it, and the same with the pairs commit's files). Each run
-is a fresh ``python -m pipeline.cli dedup INPUT -o OUT`` process whose whole tree (driver, Ray's
+is a fresh ``python -m gristmill.pipeline.cli dedup INPUT -o OUT`` process whose whole tree (driver, Ray's
 daemons and workers) is measured (benchmarks/process_tree.py); runs alternate before/after so load
 drifts hit both. Medians over ``--runs``; the 1-minute load average is recorded beside each run.
 
@@ -31,7 +31,7 @@ from process_tree import LOOPBACK_RAY, REPO, TreeMemory  # noqa: E402
 
 def run_once(tree: Path, input_dir: str, out: Path) -> dict[str, Any]:
     """One dedup run with the gristmill of ``tree``; its tree's CPU and wall, and what the pairs table holds."""
-    command = [str(REPO / ".venv" / "bin" / "python"), "-m", "pipeline.cli", "dedup", input_dir, "-o", str(out)]
+    command = [str(REPO / ".venv" / "bin" / "python"), "-m", "gristmill.pipeline.cli", "dedup", input_dir, "-o", str(out)]
     load = os.getloadavg()[0]
     started = time.perf_counter()
     process = subprocess.Popen(command, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

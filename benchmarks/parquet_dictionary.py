@@ -15,7 +15,7 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.format import Corpus
+from gristmill.pipeline.format import Corpus
 
 
 def decode_seconds(data: bytes, repeats: int) -> float:

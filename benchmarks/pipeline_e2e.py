@@ -103,12 +103,12 @@ def run_gristmill(inputs: Path, work: Path) -> dict[str, Any]:
     python = REPO / ".venv-plain" / "bin" / "python"
     if not python.exists():
         raise SystemExit(f"{python} is missing: run `make bench-env`")
-    command = [str(python), "-m", "pipeline.cli", "dedup", str(inputs), "-o", str(out),
+    command = [str(python), "-m", "gristmill.pipeline.cli", "dedup", str(inputs), "-o", str(out),
                "--removed", str(removed), "--num-perm", str(NUM_PERM), "--bands", str(BANDS), "--rows", str(ROWS),
                "--ngram", str(NGRAM)]
     measured = measure(command, work / "gristmill.log")
     sys.path.insert(0, str(REPO))
-    from pipeline.format import Corpus
+    from gristmill.pipeline.format import Corpus
 
     corpus = Corpus.open(str(removed))
     ids = set(corpus.to_table(["id"])["id"].to_pylist())

@@ -1,6 +1,6 @@
 """Requests per stage of ``gristmill dedup`` on an object store, and its time at 0 and 30 ms per request.
 
-The job (``pipeline.job.run_dedup``, on a private local Ray with two CPUs) reads generated JSONL from
+The job (``gristmill.pipeline.job.run_dedup``, on a private local Ray with two CPUs) reads generated JSONL from
 moto's S3 server behind ``benchmarks/shaped_store.py`` (``record=True``) and writes its corpus and
 work folder there. Every request the store answers is logged as (kind, path); a request belongs to
 the stage that was running when it was made (the job reports each stage as it ends), so a stage's
@@ -109,7 +109,7 @@ class StageMarks:
 def run_job(inputs: str, output: str, options: dict[str, Any], budget: dict[str, int],
             store: ShapedStore | None = None) -> tuple[float, dict[str, Counter], dict[str, Any]]:
     """One job; the wall time, the requests per stage by kind (with a store) and the job's stats."""
-    from pipeline.job import DedupConfig, run_dedup
+    from gristmill.pipeline.job import DedupConfig, run_dedup
 
     config = DedupConfig(inputs=[inputs], output=output, storage_options=options, **budget)
     marks = StageMarks(store)
@@ -137,8 +137,8 @@ def stage_requests(stage: str, splits: int, partitions: int) -> int:
 
 def job_partitions(stats: dict[str, Any], budget: dict[str, int]) -> int:
     """The largest partition count of the job's shuffles, as the driver chose it."""
-    from pipeline.job.config import DedupConfig, index_params
-    from pipeline.job.partitions import partitions_for
+    from gristmill.pipeline.job.config import DedupConfig, index_params
+    from gristmill.pipeline.job.partitions import partitions_for
 
     config = DedupConfig(inputs=[], output="", **budget)
     parts = partitions_for(stats["documents"]["input"], index_params(config), config.num_partitions,

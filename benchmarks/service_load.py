@@ -79,7 +79,7 @@ def launch(state: str, index: str | None, *extra: str, checkout: Path = REPO) ->
     env = {**os.environ, "PYTHONPATH": str(checkout), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     os.makedirs(state, exist_ok=True)
     with open(os.path.join(state, "stderr.txt"), "wb") as stderr:  # the server ignores other files in its folder
-        return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--port", "0", "--state", state, *args],
+        return subprocess.Popen([sys.executable, "-m", "gristmill.pipeline.cli", "serve", "--port", "0", "--state", state, *args],
                                 cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
 
 
@@ -143,9 +143,9 @@ def run_http(docs: list[tuple[str, str]], batch: int, clients: int, base: str | 
 
 # -- the same service in-process ---------------------------------------------------------------
 def run_in_process(docs: list[tuple[str, str]], batch: int, base: str | None) -> dict:
-    from pipeline.format.signature_index import params_for
-    from pipeline.service.columns import return_freed_memory
-    from pipeline.service.server import DedupService, Doc
+    from gristmill.pipeline.format.signature_index import params_for
+    from gristmill.pipeline.service.columns import return_freed_memory
+    from gristmill.pipeline.service.server import DedupService, Doc
 
     return_freed_memory()  # as `gristmill serve` does
     with tempfile.TemporaryDirectory() as state:
@@ -181,7 +181,7 @@ def run_datasketch(docs: list[tuple[str, str]], base: str | None) -> dict:
     started = time.perf_counter()
     lsh = MinHashLSH(threshold=0.8, num_perm=128)
     if base:
-        from pipeline.format.signature_index import load_index
+        from gristmill.pipeline.format.signature_index import load_index
 
         _, table = load_index(base)
         with lsh.insertion_session() as session:
@@ -216,9 +216,9 @@ def run_datasketch(docs: list[tuple[str, str]], base: str | None) -> dict:
 
 def build_base(count: int, folder: str) -> str:
     """A corpus index of ``count`` synthetic documents in the batch job's layout; returns its path."""
-    from dedup.lsh import band_hashes
-    from dedup.normalize import content_hashes
-    from pipeline.format.signature_index import SignatureTable, params_for, write_index
+    from gristmill.dedup.lsh import band_hashes
+    from gristmill.dedup.normalize import content_hashes
+    from gristmill.pipeline.format.signature_index import SignatureTable, params_for, write_index
 
     params = params_for(0.8, 128, 5)
     hasher = params.hasher()
@@ -238,8 +238,8 @@ def build_base(count: int, folder: str) -> str:
 def build_synthetic(count: int, path: str, chunk: int = 250_000) -> None:
     """A corpus index of ``count`` documents with random signatures (no text: only sizes are measured),
     written in files of ``chunk`` documents as the batch job writes them."""
-    from dedup.lsh import band_hashes
-    from pipeline.format.signature_index import SignatureTable, params_for, write_index
+    from gristmill.dedup.lsh import band_hashes
+    from gristmill.pipeline.format.signature_index import SignatureTable, params_for, write_index
 
     def hash_hex(words: np.ndarray) -> list[str]:
         raw = words.astype(">u8").tobytes().hex()

@@ -1,7 +1,7 @@
 """gristmill crawlers: a polite, crash-safe async crawler that writes raw corpus shards.
 
 ``crawl(seeds, output, **options)`` runs a crawl (re-running resumes; ``oracle=`` plugs in a store of
-known texts, :mod:`crawlers.oracle`); ``extract_text`` and ``detect_language`` are the text tools the
+known texts, :mod:`gristmill.crawlers.oracle`); ``extract_text`` and ``detect_language`` are the text tools the
 pipeline shares. Importing this package loads neither aiohttp nor trafilatura until they are used.
 """
 
@@ -26,7 +26,7 @@ def __getattr__(name: str) -> Any:
 
 
 def crawl(seeds: list[str], output: str, **options: Any) -> CrawlSummary:
-    """Crawl ``seeds`` into ``output``; see :func:`crawlers.crawler.crawl`."""
+    """Crawl ``seeds`` into ``output``; see :func:`gristmill.crawlers.crawler.crawl`."""
     from .crawler import crawl as _crawl
 
     return _crawl(seeds, output, **options)

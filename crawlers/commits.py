@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from pipeline.format import RAW_CRAWL_SCHEMA, ShardInfo, ShardWriter, open_fs, write_manifest
+from gristmill.pipeline.format import RAW_CRAWL_SCHEMA, ShardInfo, ShardWriter, open_fs, write_manifest
 
 from .frontier import Frontier, ResultLog
 from .output import RAW_CRAWL_KIND, rows_to_table, write_warc

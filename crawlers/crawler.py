@@ -598,12 +598,12 @@ def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
     """Crawl ``seeds`` (page or sitemap URLs) into the corpus folder ``output``; re-running resumes.
 
     Options are :class:`CrawlConfig` fields, e.g. ``crawl(seeds, "out", allow_networks=["127.0.0.0/8"])``.
-    With an ``oracle`` (:mod:`crawlers.oracle`), pages whose text it already holds are not stored.
+    With an ``oracle`` (:mod:`gristmill.crawlers.oracle`), pages whose text it already holds are not stored.
     SIGINT and SIGTERM stop the crawl gracefully (in-flight pages finish, results are committed; a
     second signal cancels the pages in flight). After SIGTERM the summary is returned; after SIGINT
     (Ctrl-C) :class:`KeyboardInterrupt` is raised once everything is committed, as Python code
     expects of Ctrl-C, and the crawl resumes when run again.
-    With ``partitions=K`` (K > 1) the crawl runs as K partitions (:mod:`crawlers.partitioned`), local
+    With ``partitions=K`` (K > 1) the crawl runs as K partitions (:mod:`gristmill.crawlers.partitioned`), local
     processes unless a ``launcher`` runs them elsewhere (``gristmill crawl --ray-address``: Ray
     actors); ``on_progress`` then gets the partitions' reports added up.
     """

@@ -226,7 +226,7 @@ class ExtractionPool:
         self._loop = asyncio.get_running_loop()
         self._context = multiprocessing.get_context("forkserver")
         # Ignored if this process's fork server already runs; each worker then loads the libraries itself.
-        self._context.set_forkserver_preload(["crawlers._preload"])
+        self._context.set_forkserver_preload(["gristmill.crawlers._preload"])
         self._workers: set[_Worker] = set()
         self._idle: list[_Worker] = []
         self._queue: deque[tuple[str, str, asyncio.Future[tuple[str, str]]]] = deque()

@@ -103,8 +103,8 @@ class _Store:
 class Frontier(_Store):
     """SQLite-backed queue and seen set; all writes happen inside :meth:`transaction`.
 
-    One process owns a frontier (``<path>.lock``, :func:`crawlers.locks.hold`): a second crawler on
-    it waits for the first to end, then gets :class:`crawlers.locks.StateInUse` naming it.
+    One process owns a frontier (``<path>.lock``, :func:`gristmill.crawlers.locks.hold`): a second crawler on
+    it waits for the first to end, then gets :class:`gristmill.crawlers.locks.StateInUse` naming it.
     """
 
     def __init__(self, path: str, synchronous: str = "NORMAL", cache_mib: int = 16,

@@ -1,8 +1,8 @@
 """What the crawler asks a dedup service, as an interface of its own: "have you seen this text before?"
 
 Why an interface here: the crawler sits below the dedup service (``crawlers/`` imports only
-``pipeline.format``, DESIGN.md), so it states what it needs and the code that starts a crawl plugs an
-implementation in (``gristmill crawl --dedup-service URL`` passes ``pipeline.service.oracle``'s).
+``gristmill.pipeline.format``, DESIGN.md), so it states what it needs and the code that starts a crawl plugs an
+implementation in (``gristmill crawl --dedup-service URL`` passes ``gristmill.pipeline.service.oracle``'s).
 The oracle is advisory: when it cannot answer it raises :class:`OracleError`, and the crawl stores
 the page and counts the error.
 """

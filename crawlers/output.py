@@ -1,7 +1,7 @@
 """The raw crawl's output format: shard rows as an Arrow table, WARC/1.1 records, and which folders a
 crawl may write into.
 
-Why apart from committing (:mod:`crawlers.commits`): these say what a raw crawl corpus holds; the
+Why apart from committing (:mod:`gristmill.crawlers.commits`): these say what a raw crawl corpus holds; the
 commit loop only decides when rows move from the frontier into it.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.format import RAW_CRAWL_SCHEMA, Corpus, CorpusError, has_manifest, open_fs
+from gristmill.pipeline.format import RAW_CRAWL_SCHEMA, Corpus, CorpusError, has_manifest, open_fs
 
 SHARD_PREFIX = "crawl"
 WARC_FOLDER = "warc"

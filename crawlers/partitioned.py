@@ -11,7 +11,7 @@ Why partitions die with their coordinator: the coordinator alone publishes the m
 partitions; after ``kill -9`` of it, partitions that ran on went on storing pages that a rerun's new
 partitions fetched again from the same frontiers. Each partition watches a pipe only the coordinator
 holds open (EOF: it is gone) and then stops as on SIGTERM, or exits after :data:`ORPHAN_GRACE_S`.
-Each frontier has one owner (:mod:`crawlers.locks`), and so has the crawl's state folder (the
+Each frontier has one owner (:mod:`gristmill.crawlers.locks`), and so has the crawl's state folder (the
 coordinator, and forked partitions inherit its lock): a rerun waits for a dying run's processes to
 go, and refuses to run beside a live one.
 """
@@ -126,7 +126,7 @@ class ProcessLauncher:
         context = multiprocessing.get_context("fork" if threading.active_count() == 1 else "forkserver")
         forked = context.get_start_method() == "fork"
         if not forked:
-            context.set_forkserver_preload(["crawlers._partition_preload"])
+            context.set_forkserver_preload(["gristmill.crawlers._partition_preload"])
         receive, send = context.Pipe(duplex=False)
         watch, held = self.lifeline
         # a fork inherits the writing end and must close it; the fork server passes only what it is given

@@ -27,7 +27,7 @@ def duration(seconds: float) -> str:
 
 
 def progress_line(report: Mapping[str, Any]) -> str:
-    """One line from :meth:`crawlers.crawler.Crawler` 's progress report: documents stored (out of
+    """One line from :meth:`gristmill.crawlers.crawler.Crawler` 's progress report: documents stored (out of
     ``max_pages`` with an ETA when there is one), pages processed and waiting, responses, queue."""
     documents, total = report["documents"], report["max_pages"]
     line = f"crawl: {documents:,} documents stored"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# Character classes of the lookup table built in ``dedup.normalize``.
+# Character classes of the lookup table built in ``gristmill.dedup.normalize``.
 CLASS_OTHER = 0
 CLASS_SPACE = 1
 CLASS_PUNCT = 2

@@ -3,7 +3,7 @@
 Every function here is one task of one round: it reads one partition's rows and returns rows, each
 shuffled by the hash of one node (:func:`route`) into the next round's partitions, whose count the
 driver sets from the row counts (``ceil(rows / rows_per_partition)``). Labels come out as
-``dedup.connected_components`` gives them: the smallest document key of each component.
+``gristmill.dedup.connected_components`` gives them: the smallest document key of each component.
 
 **Names.** A document key ``k`` becomes the node id ``mix(k)``, a bijective 64-bit mix, and "smaller"
 below means smaller id: a random priority, so a chain whose keys ascend along it (what a hot LSH

@@ -1,4 +1,4 @@
-"""An in-memory executor for :mod:`dedup.components`: the rounds a job would run, with their partitions.
+"""An in-memory executor for :mod:`gristmill.dedup.components`: the rounds a job would run, with their partitions.
 
 It runs every task of a round over in-memory partitions, routed exactly as a shuffle would route
 them, and records each partition's rows, so tests and benchmarks can check the labels, the number of
@@ -97,7 +97,7 @@ def simulate_components(left: np.ndarray, right: np.ndarray, rows_per_partition:
     """Connected components of the edges ``left[i] - right[i]`` (int64 keys), round by round.
 
     ``producers`` tasks (default: as many as the edges need partitions) each get the edges of one
-    hash range and :func:`dedup.components.seed` them, as bucket or verify tasks would.
+    hash range and :func:`gristmill.dedup.components.seed` them, as bucket or verify tasks would.
     """
     left = np.asarray(left, dtype=np.int64)
     right = np.asarray(right, dtype=np.int64)

@@ -1,7 +1,7 @@
 """gristmill loaders: stream a corpus into training jobs, block by block (see docs/LOADER.md).
 
 Importing this package imports neither torch, Ray nor aiohttp; the PyTorch adapter lives in
-``loaders.torch_dataset``.
+``gristmill.loaders.torch_dataset``.
 """
 
 import os
@@ -13,11 +13,11 @@ import os
 # epochs about 15 % shorter without.
 os.environ.setdefault("MIMALLOC_ALLOW_THP", "0")
 
-from loaders.blocks import Counters, LoaderError  # noqa: E402  (after the allocator's setting)
-from loaders.cache import DiskCache  # noqa: E402
-from loaders.eos import NoEosError  # noqa: E402
-from loaders.loader import StreamingLoader  # noqa: E402
-from loaders.tokenizers import (  # noqa: E402
+from gristmill.loaders.blocks import Counters, LoaderError  # noqa: E402  (after the allocator's setting)
+from gristmill.loaders.cache import DiskCache  # noqa: E402
+from gristmill.loaders.eos import NoEosError  # noqa: E402
+from gristmill.loaders.loader import StreamingLoader  # noqa: E402
+from gristmill.loaders.tokenizers import (  # noqa: E402
     FROM_TOKENIZER,
     ByteTokenizer,
     CallableTokenizer,

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from loaders.prefetch import Window
+from gristmill.loaders.prefetch import Window
 
 _PYLIST_ROWS = 64
 

@@ -6,7 +6,7 @@ checked against the manifest. A block is then one ``fs.cat_file(path, start, end
 row group's byte range (adjacent small row groups of one shard may share one read, see ``runs``),
 decoded by pyarrow from a small file-like object that serves that range and the footer. Decoding
 releases the GIL, so blocks decode in parallel on background threads. How many reads are in flight at
-once is decided by ``loaders.concurrency.ReadGate``, from what the link delivers.
+once is decided by ``gristmill.loaders.concurrency.ReadGate``, from what the link delivers.
 
 Integrity: whole-shard checksums would mean reading a whole shard per block, so by default a block is
 trusted when its footer matches the manifest (row groups, row counts), its read returned exactly the
@@ -30,10 +30,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.asyn import AsyncFileSystem
 
-from loaders.cache import DiskCache
-from loaders.concurrency import REMOTE_START_READS, START_READS, ReadGate
-from loaders.layout import Layout
-from pipeline.format import Corpus, CorpusError, ShardInfo
+from gristmill.loaders.cache import DiskCache
+from gristmill.loaders.concurrency import REMOTE_START_READS, START_READS, ReadGate
+from gristmill.loaders.layout import Layout
+from gristmill.pipeline.format import Corpus, CorpusError, ShardInfo
 
 
 class LoaderError(CorpusError):

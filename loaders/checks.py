@@ -11,7 +11,7 @@ import math
 import numbers
 import reprlib
 
-from pipeline.format.sizes import parse_size
+from gristmill.pipeline.format.sizes import parse_size
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 _SHORT = reprlib.Repr()

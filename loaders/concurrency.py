@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from loaders.blocks import Counters
+    from gristmill.loaders.blocks import Counters
 
 START_READS = 4  # the fixed number of fetch threads before reads followed the link
 # Against an object store: 16 reads of 4 MiB are what a link 100 ms away at 40 MB/s per connection needs

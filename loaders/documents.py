@@ -9,10 +9,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from loaders.batches import DecodedBlock, arrow_batch, gather_utf8, python_batch, utf8_batch
-from loaders.plan import EpochOrder, Split, StreamSpec, consumed_by_batches
-from loaders.prefetch import Window
-from loaders.units import Unit
+from gristmill.loaders.batches import DecodedBlock, arrow_batch, gather_utf8, python_batch, utf8_batch
+from gristmill.loaders.plan import EpochOrder, Split, StreamSpec, consumed_by_batches
+from gristmill.loaders.prefetch import Window
+from gristmill.loaders.units import Unit
 
 
 class DocumentPath:

@@ -17,18 +17,32 @@ from typing import Any
 import numpy as np
 import pyarrow.compute  # noqa: F401  (imported up front: its first import inside a batch costs seconds under load)
 
-from loaders.blocks import BlockSource, Counters, check_columns
-from loaders.cache import DiskCache
-from loaders.checks import INT32_MAX, INT32_MIN, byte_size, flag, integer, optional_integer, shown
-from loaders.concurrency import room_for_reads
-from loaders.documents import DocumentPath
-from loaders.packed import PackedPath
-from loaders.plan import EpochOrder, Generation, Split, StreamSpec, consumed_by_batches, plan_generation
-from loaders.prefetch import Prefetcher, Window, read_inline
-from loaders.state import STATE_VERSION, Resume, SavedState, as_mapping, corpus_fingerprint, parse_state
-from loaders.tokenizers import FROM_TOKENIZER, EosChoice, as_tokenizer
-from loaders.units import Unit
-from pipeline.format import Corpus
+from gristmill.loaders.blocks import BlockSource, Counters, check_columns
+from gristmill.loaders.cache import DiskCache
+from gristmill.loaders.checks import INT32_MAX, INT32_MIN, byte_size, flag, integer, optional_integer, shown
+from gristmill.loaders.concurrency import room_for_reads
+from gristmill.loaders.documents import DocumentPath
+from gristmill.loaders.packed import PackedPath
+from gristmill.loaders.plan import (
+    EpochOrder,
+    Generation,
+    Split,
+    StreamSpec,
+    consumed_by_batches,
+    plan_generation,
+)
+from gristmill.loaders.prefetch import Prefetcher, Window, read_inline
+from gristmill.loaders.state import (
+    STATE_VERSION,
+    Resume,
+    SavedState,
+    as_mapping,
+    corpus_fingerprint,
+    parse_state,
+)
+from gristmill.loaders.tokenizers import FROM_TOKENIZER, EosChoice, as_tokenizer
+from gristmill.loaders.units import Unit
+from gristmill.pipeline.format import Corpus
 
 OUTPUTS = ("python", "arrow", "utf8")
 DEFAULT_PREFETCH_BYTES = 256 * 1024 * 1024

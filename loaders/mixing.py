@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from loaders.checks import integer, optional_integer, positive_finite, shown
-from loaders.loader import StreamingLoader
-from loaders.state import check_keys, field
+from gristmill.loaders.checks import integer, optional_integer, positive_finite, shown
+from gristmill.loaders.loader import StreamingLoader
+from gristmill.loaders.state import check_keys, field
 
 _CHUNK = 4096
 

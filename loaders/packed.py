@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from loaders.packing import Packed, Packer
-from loaders.plan import EpochOrder, StreamSpec
-from loaders.units import Unit
+from gristmill.loaders.packing import Packed, Packer
+from gristmill.loaders.plan import EpochOrder, StreamSpec
+from gristmill.loaders.units import Unit
 
 
 class PackedPath:

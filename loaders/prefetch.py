@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import numpy.ma  # noqa: F401  (np.unique imports it on its first call: 12 ms on the way to the first batch)
 
-from loaders.blocks import BlockSource, Counters
-from loaders.plan import EpochOrder, StreamSpec
+from gristmill.loaders.blocks import BlockSource, Counters
+from gristmill.loaders.plan import EpochOrder, StreamSpec
 
 READ_AHEAD_SHARE = 0.2  # of the budget: stored bytes read ahead (the rest is decoded bytes reserved)
 

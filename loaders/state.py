@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loaders.checks import integer, shown
-from loaders.plan import Generation
-from pipeline.format import ShardInfo
+from gristmill.loaders.checks import integer, shown
+from gristmill.loaders.plan import Generation
+from gristmill.pipeline.format import ShardInfo
 
 STATE_VERSION = 2
 # Streams (ranks x workers) of all the generations a state describes together: resuming plans every one of

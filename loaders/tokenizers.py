@@ -29,8 +29,8 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
-from loaders.eos import EOS_NAMES, config_beside, eos_from_spec, missing
-from loaders.extras import missing_extra
+from gristmill.loaders.eos import EOS_NAMES, config_beside, eos_from_spec, missing
+from gristmill.loaders.extras import missing_extra
 
 
 class _FromTokenizer(enum.Enum):

@@ -20,18 +20,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from loaders.extras import missing_extra
+from gristmill.loaders.extras import missing_extra
 
 try:
     import torch
     from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 except ModuleNotFoundError as exc:
-    raise missing_extra(exc, "torch", "loaders.torch_dataset") from None
+    raise missing_extra(exc, "torch", "gristmill.loaders.torch_dataset") from None
 
-from loaders.blocks import Counters  # noqa: E402  (after the check that torch is installed)
-from loaders.checks import integer, shown  # noqa: E402
-from loaders.loader import StreamingLoader  # noqa: E402
-from loaders.units import Unit  # noqa: E402
+from gristmill.loaders.blocks import Counters  # noqa: E402  (after the check that torch is installed)
+from gristmill.loaders.checks import integer, shown  # noqa: E402
+from gristmill.loaders.loader import StreamingLoader  # noqa: E402
+from gristmill.loaders.units import Unit  # noqa: E402
 
 
 class StreamingDataset(IterableDataset):

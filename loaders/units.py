@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from loaders.prefetch import Window
+from gristmill.loaders.prefetch import Window
 
 
 @dataclass

@@ -22,23 +22,23 @@ if TYPE_CHECKING:  # logging is imported only when a command runs: `gristmill --
 
 # name -> (module, one-line summary); the summaries live here so `gristmill --help` imports no command.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "inspect": ("pipeline.commands.inspect",
+    "inspect": ("gristmill.pipeline.commands.inspect",
               "Summarise a corpus from its manifest: shards, rows, bytes, row groups, schema (--verify checks checksums)."),
-    "index": ("pipeline.commands.index",
+    "index": ("gristmill.pipeline.commands.index",
               "Make a folder of existing Parquet files (Hugging Face, datatrove, Spark) a corpus: a manifest, no rewrite."),
-    "crawl": ("pipeline.commands.crawl",
+    "crawl": ("gristmill.pipeline.commands.crawl",
               "Crawl seed URLs or sitemaps into raw corpus shards (re-running resumes)."),
-    "serve": ("pipeline.commands.serve",
+    "serve": ("gristmill.pipeline.commands.serve",
               "Serve dedup checks over HTTP: POST /check and /add against a corpus's signature index plus everything added."),
-    "dedup": ("pipeline.commands.dedup",
+    "dedup": ("gristmill.pipeline.commands.dedup",
               "Deduplicate Parquet/JSONL/WARC documents (exact + MinHash) into a sharded corpus, on Ray."),
-    "stats": ("pipeline.commands.stats",
+    "stats": ("gristmill.pipeline.commands.stats",
               "Print a corpus's dedup statistics: documents kept/removed/rejected, breakdowns, clusters, stage times."),
-    "clusters": ("pipeline.commands.clusters",
+    "clusters": ("gristmill.pipeline.commands.clusters",
               "List the largest duplicate clusters; --show ID prints one cluster's members side by side with diffs."),
-    "rejects": ("pipeline.commands.rejects",
+    "rejects": ("gristmill.pipeline.commands.rejects",
               "List the input records a dedup run rejected: file, position, kind and reason (--json: JSON Lines)."),
-    "gc": ("pipeline.commands.gc",
+    "gc": ("gristmill.pipeline.commands.gc",
               "Reclaim space: remove the files earlier manifests listed, kept for their readers (--now: all of them)."),
 }
 RESUMABLE = ("dedup", "crawl")  # commands that pick up where they stopped when run again
@@ -184,7 +184,7 @@ def _dispatch(tokens: list[str], command: str | None, as_program: bool) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as exc:  # its message names the file (pipeline.format.storage.naming)
-        from pipeline.commands.options import error_line
+        from gristmill.pipeline.commands.options import error_line
 
         print(f"gristmill {command}: {error_line(exc)}", file=sys.stderr)
         return 2

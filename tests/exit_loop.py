@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 
-import pipeline.cli as cli
+import gristmill.pipeline.cli as cli
 
 
 def main() -> None:

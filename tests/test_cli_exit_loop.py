@@ -2,7 +2,7 @@
 
 ``gristmill stats`` used to abort in Arrow's thread-pool teardown at interpreter exit ("terminate called
 without an active exception", exit 134) after printing a correct result: 16 of 100 runs here before
-``pipeline.cli`` ended read-only commands with ``os._exit`` once their output was flushed. The loop runs
+``gristmill.pipeline.cli`` ended read-only commands with ``os._exit`` once their output was flushed. The loop runs
 in one harness process that forks a child per run (tests/exit_loop.py), so 200 runs cost the commands
 and their exits, not 200 interpreter start-ups; a few real subprocess runs check the output arrives
 whole through a pipe."""
@@ -31,7 +31,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
         lines.append(json.dumps({"id": str(index), "text": text}))
     lines.append("this line is not JSON")
     (folder / "in.jsonl").write_text("\n".join(lines) + "\n")
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "dedup", str(folder / "in.jsonl"), "-o",
+    done = subprocess.run([sys.executable, "-m", "gristmill.pipeline.cli", "dedup", str(folder / "in.jsonl"), "-o",
                            str(folder / "corpus"), "--removed", str(folder / "removed"), "-q"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -53,11 +53,11 @@ def test_a_read_only_command_exits_0_every_time(corpus: Path, command: list[str]
 @pytest.mark.parametrize("command", [*COMMANDS, ["stats", "--json"], ["rejects", "--json"], ["clusters", "--json"]],
                          ids=" ".join)
 def test_real_runs_deliver_their_whole_output_through_a_pipe(corpus: Path, command: list[str]) -> None:
-    expected = subprocess.run([sys.executable, "-c", "import sys; from pipeline.cli import main; "
+    expected = subprocess.run([sys.executable, "-c", "import sys; from gristmill.pipeline.cli import main; "
                                "sys.exit(main(sys.argv[1:]))", *command, str(corpus)],  # in-process exit path
                               capture_output=True, text=True, timeout=300)
     for _ in range(2):
-        done = subprocess.run([sys.executable, "-m", "pipeline.cli", *command, str(corpus)], capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "gristmill.pipeline.cli", *command, str(corpus)], capture_output=True,
                               text=True, timeout=300)
         assert (done.returncode, done.stdout) == (0, expected.stdout) and done.stdout.endswith("\n"), done.stderr
     if "--json" in command and command[0] != "rejects":

@@ -23,13 +23,13 @@ from sessions import kill_session
 from test_crawl_support import ServerThread, Site, crawl_sites, serve
 from test_pipeline_data import documents, write_jsonl
 
-from pipeline.cli import main
-from pipeline.commands.inspect import verify_shards
-from pipeline.format import Corpus, ShardWriter
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.commands.inspect import verify_shards
+from gristmill.pipeline.format import Corpus, ShardWriter
 
 pytestmark = pytest.mark.timeout(240)
 REPO = Path(__file__).resolve().parents[1]
-GRISTMILL = [sys.executable, "-m", "pipeline.cli"]
+GRISTMILL = [sys.executable, "-m", "gristmill.pipeline.cli"]
 PIPE_BUFFER = 64 << 10  # Linux's default pipe capacity
 
 # One bad line of each kind, with the reject kind and reason it must get.
@@ -290,7 +290,7 @@ def test_inspect_verify_shows_progress_unless_quiet(tmp_path: Path, capsys: pyte
     shards, total = len(corpus.shards), corpus.manifest.num_bytes
     assert shards > 3
     capsys.readouterr()
-    monkeypatch.setattr("pipeline.commands.inspect.PROGRESS_SECONDS", 0.0)  # a line per shard, not per 10 s
+    monkeypatch.setattr("gristmill.pipeline.commands.inspect.PROGRESS_SECONDS", 0.0)  # a line per shard, not per 10 s
     assert all(result.ok for result in verify_shards(corpus, quiet=False))
     lines = capsys.readouterr().err.splitlines()
     assert lines[-1].startswith(f"verify {shards}/{shards} shards: {total:,}/{total:,} B (100%), ")
@@ -325,7 +325,7 @@ def test_rays_token_notice_is_dropped_and_its_other_warnings_kept() -> None:
 
     from ray._private.authentication import authentication_token_setup as ray_auth
 
-    from pipeline.cli import quiet_third_party_warnings
+    from gristmill.pipeline.cli import quiet_third_party_warnings
 
     quiet_third_party_warnings()
     logger = logging.getLogger(ray_auth.__name__)

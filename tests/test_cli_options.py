@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.commands.options import (
+from gristmill.pipeline.commands.options import (
     add_renamed,
     apply_job_file,
     format_size,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import COMMANDS, build_parser
-from pipeline.commands.options import format_size
+from gristmill.pipeline.cli import COMMANDS, build_parser
+from gristmill.pipeline.commands.options import format_size
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,7 +67,7 @@ def test_every_command_speaks_the_vocabulary(name: str) -> None:
 
 def test_the_check_finds_a_flag_that_departs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The walk above cannot pass vacuously: a command with every kind of fault is caught."""
-    import pipeline.commands.rejects as rejects
+    import gristmill.pipeline.commands.rejects as rejects
 
     def faulty(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--max-body-mb", type=float, default=16.0)
@@ -81,8 +81,8 @@ def test_the_check_finds_a_flag_that_departs(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_serve_takes_a_job_file_sizes_with_units_and_its_old_spellings(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.cli import main
-    from pipeline.commands import options
+    from gristmill.pipeline.cli import main
+    from gristmill.pipeline.commands import options
 
     monkeypatch.setattr(options._Renamed, "warned", set())  # deprecations warn once a process: start afresh
 

@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_crawl_support import ServerThread, Site, crawl_sites, documents, outcomes, serve
 
-from crawlers import robots
-from crawlers.fetch import Fetcher, FetchLimits
-from crawlers.robots import ROBOTS_MAX_BYTES, fetch_robots
-from crawlers.safety import AddressPolicy
+from gristmill.crawlers import robots
+from gristmill.crawlers.fetch import Fetcher, FetchLimits
+from gristmill.crawlers.robots import ROBOTS_MAX_BYTES, fetch_robots
+from gristmill.crawlers.safety import AddressPolicy
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_crawl_support import ServerThread, Site, documents, outcomes, serve
 
-from pipeline.cli import main
+from gristmill.pipeline.cli import main
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ def _site(servers: ServerThread, pages: int = 4, name: str = "cli.test") -> Site
 def _cli(seeds: Path, out: Path, site: Site, *options: str) -> subprocess.CompletedProcess[str]:
     """The command in a process of its own: stderr is a pipe, not a terminal."""
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "crawl", str(seeds), "-o", str(out), "--allow-network", "127.0.0.0/8",
+        [sys.executable, "-m", "gristmill.pipeline.cli", "crawl", str(seeds), "-o", str(out), "--allow-network", "127.0.0.0/8",
          "--resolve", f"{site.name}={site.ip}", *options],
         cwd=ROOT, capture_output=True, text=True, timeout=90, check=False)
 
@@ -169,7 +169,7 @@ def test_an_extraction_worker_whose_crawl_has_gone_exits_without_a_traceback() -
     """The worker's side of a pool closed while it loaded: its "ready" meets a closed pipe."""
     import multiprocessing
 
-    from crawlers.extract import _serve
+    from gristmill.crawlers.extract import _serve
 
     ours, theirs = multiprocessing.Pipe()
     ours.close()
@@ -212,7 +212,7 @@ def test_on_a_terminal_progress_is_a_bar_of_documents_out_of_max_pages(servers: 
     reader.start()
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "pipeline.cli", "crawl", str(seeds), "-o", str(tmp_path / "out"),
+            [sys.executable, "-m", "gristmill.pipeline.cli", "crawl", str(seeds), "-o", str(tmp_path / "out"),
              "--allow-network", "127.0.0.0/8", *resolve, "--delay", "0.4", "--per-host", "1", "--no-extract",
              "--max-pages", str(total), "--partitions", str(partitions)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=terminal, text=True, timeout=90, check=False)

@@ -24,7 +24,7 @@ KILLS = 4
 
 RUNNER = """
 import json, sys
-from crawlers import crawl
+from gristmill.crawlers import crawl
 seeds, out, host_map = json.loads(sys.argv[1])
 crawl(seeds, out, allow_networks=["127.0.0.0/8"], host_map=host_map, min_delay=0.0, extract=False,
       per_host_concurrency=3, adaptive=False, commit_every=5, commit_interval=0.3, progress_interval=60.0)
@@ -112,7 +112,7 @@ def test_sigterm_stops_gracefully_and_commits(servers: ServerThread, tmp_path: P
     seeds = tmp_path / "seeds.txt"
     seeds.write_text(site.url("/p0") + "\n", encoding="utf-8")
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "crawl", str(seeds), "-o", str(out), "--delay", "0", "--no-extract",
+        [sys.executable, "-m", "gristmill.pipeline.cli", "crawl", str(seeds), "-o", str(out), "--delay", "0", "--no-extract",
          "--allow-network", "127.0.0.0/8", "--resolve", f"{site.name}={site.ip}", "--quiet", "--json", "--max-depth", "1000"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30

@@ -22,11 +22,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from crawlers.commits import PUBLISH_SHARE, CommitLoop, Committer, publish_due
-from crawlers.config import CrawlConfig
-from crawlers.extract import ByteBudget
-from crawlers.frontier import Frontier, ResultLog, outcome_kind
-from crawlers.partitions import (
+from gristmill.crawlers.commits import PUBLISH_SHARE, CommitLoop, Committer, publish_due
+from gristmill.crawlers.config import CrawlConfig
+from gristmill.crawlers.extract import ByteBudget
+from gristmill.crawlers.frontier import Frontier, ResultLog, outcome_kind
+from gristmill.crawlers.partitions import (
     LAYOUT_FILE,
     Exchange,
     ExchangeError,
@@ -37,8 +37,8 @@ from crawlers.partitions import (
     partition_of,
     read_layout,
 )
-from crawlers.progress import is_report, merged_report
-from pipeline.format import Corpus
+from gristmill.crawlers.progress import is_report, merged_report
+from gristmill.pipeline.format import Corpus
 
 OUTCOMES = ["ok", "http 404", "robots: disallowed by robots.txt", "failed: http 503 (after 4 attempts)",
             "duplicate: of abc (dedup service)", "redirect", "empty: no main text"]

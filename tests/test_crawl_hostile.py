@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_crawl_support import ServerThread, Site, crawl_sites, documents, outcomes, serve
 
-from crawlers.crawler import CrawlConfig, Crawler, CrawlSummary
-from crawlers.sniff import OCTET_STREAM, binary_type
-from pipeline.cli import main
+from gristmill.crawlers.crawler import CrawlConfig, Crawler, CrawlSummary
+from gristmill.crawlers.sniff import OCTET_STREAM, binary_type
+from gristmill.pipeline.cli import main
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,7 +271,7 @@ def test_ctrl_c_commits_exits_130_without_a_traceback_and_resumes(servers: Serve
     site.page("/robots.txt", "", status=404, content_type="text/plain")
     servers.start(site)
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "pipeline.cli", "crawl", str(_seeds(tmp_path, site.url("/p0"))), "-o", str(out),
+    command = [sys.executable, "-m", "gristmill.pipeline.cli", "crawl", str(_seeds(tmp_path, site.url("/p0"))), "-o", str(out),
                "--delay", "0", "--extract-workers", "1", "--allow-network", "127.0.0.1/32",
                "--resolve", f"{site.name}={site.ip}", "--quiet", "--max-depth", "1000"]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -326,7 +326,7 @@ def test_a_crawl_into_a_folder_holding_another_kind_of_corpus_is_refused(tmp_pat
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     import pyarrow as pa
 
-    from pipeline.format import CORPUS_SCHEMA, Corpus, ShardWriter
+    from gristmill.pipeline.format import CORPUS_SCHEMA, Corpus, ShardWriter
 
     corpus = tmp_path / "corpus"
     writer = ShardWriter(str(corpus), CORPUS_SCHEMA)

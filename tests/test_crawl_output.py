@@ -13,8 +13,8 @@ import pytest
 import xxhash
 from test_crawl_support import CountingProxy, ServerThread, Site, crawl_sites, documents, outcomes, serve
 
-from crawlers.urls import url_id
-from pipeline.format import RAW_CRAWL_SCHEMA, Corpus
+from gristmill.crawlers.urls import url_id
+from gristmill.pipeline.format import RAW_CRAWL_SCHEMA, Corpus
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,7 +129,7 @@ def test_cli_crawls_and_reports_bad_seeds(servers: ServerThread, tmp_path: Path)
     seeds.write_text(f"# seeds\n{site.url('/')}\nmailto:nobody@example.com\n\n", encoding="utf-8")
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "crawl", str(seeds), "-o", str(out), "--delay", "0",
+        [sys.executable, "-m", "gristmill.pipeline.cli", "crawl", str(seeds), "-o", str(out), "--delay", "0",
          "--no-extract", "--allow-network", "127.0.0.0/8", "--resolve", f"a.test={site.ip}", "--quiet", "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr

@@ -23,10 +23,10 @@ import pytest
 from aiohttp import web
 from sessions import kill_session
 
-from crawlers import crawl
-from crawlers.partitions import deal, partition_of
-from pipeline.demo.site.server import DemoSite
-from pipeline.format import Corpus
+from gristmill.crawlers import crawl
+from gristmill.crawlers.partitions import deal, partition_of
+from gristmill.pipeline.demo.site.server import DemoSite
+from gristmill.pipeline.format import Corpus
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_partitions_store_what_one_crawler_stores_once_each_and_politely(site: T
 
 RUNNER = """
 import json, sys
-from crawlers import crawl
+from gristmill.crawlers import crawl
 seeds, out, host_map = json.loads(sys.argv[1])
 summary = crawl(seeds, out, allow_networks=["127.0.0.0/8"], host_map=host_map, min_delay=0.02, adaptive=False,
                 extract=False, partitions=2, commit_every=5, commit_interval=0.3, progress_interval=60.0)
@@ -178,7 +178,7 @@ def test_another_number_of_partitions_is_refused_on_resume(tmp_path: Path, befor
         (state / "frontier.sqlite").write_bytes(b"")
     else:
         (state / "partitions.json").write_text(json.dumps({"partitions": before}))
-    command = [sys.executable, "-m", "pipeline.cli", "crawl", "-", "-o", str(tmp_path / "out"),
+    command = [sys.executable, "-m", "gristmill.pipeline.cli", "crawl", "-", "-o", str(tmp_path / "out"),
                "--partitions", str(now)]
     result = subprocess.run(command, input="http://a.test/\n", capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert result.returncode == 2
@@ -224,13 +224,13 @@ def test_partitions_die_with_their_coordinator_and_a_rerun_stores_each_page_once
 
 @pytest.mark.parametrize("partitions", [1, 2])
 def test_a_crawl_beside_a_live_one_is_refused_naming_it(tmp_path: Path, partitions: int) -> None:
-    from crawlers.locks import hold
+    from gristmill.crawlers.locks import hold
 
     state = tmp_path / "out" / ".crawl"
     state.mkdir(parents=True)
     held = hold(str(state / ("frontier.sqlite.lock" if partitions == 1 else "coordinator.lock")))
     try:
-        command = [sys.executable, "-m", "pipeline.cli", "crawl", "-", "-o", str(tmp_path / "out"),
+        command = [sys.executable, "-m", "gristmill.pipeline.cli", "crawl", "-", "-o", str(tmp_path / "out"),
                    "--partitions", str(partitions), "--quiet"]
         result = subprocess.run(command, input="http://a.test/\n", capture_output=True, text=True, cwd=ROOT,
                                 timeout=120)
@@ -242,7 +242,7 @@ def test_a_crawl_beside_a_live_one_is_refused_naming_it(tmp_path: Path, partitio
 
 HANGING_RUNNER = """
 import json, sys
-from crawlers import crawl
+from gristmill.crawlers import crawl
 seeds, out = json.loads(sys.argv[1])
 crawl(seeds, out, allow_networks=["127.0.0.0/8"], min_delay=0.0, adaptive=False, extract=False, partitions=2,
       read_timeout=600.0, total_timeout=600.0, progress_interval=60.0)

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from test_crawl_support import ServerThread, Site, crawl_sites, documents, outcomes, serve
 
-from crawlers.urls import normalize_url
+from gristmill.crawlers.urls import normalize_url
 
 DOCS = Path("/usr/share/doc/python3.11/html")
 pytestmark = [

@@ -15,11 +15,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from crawlers import crawl
-from crawlers.partitions import deal, partition_of
-from pipeline.commands.crawl import RayLauncher
-from pipeline.demo.site.server import DemoSite
-from pipeline.format import Corpus
+from gristmill.crawlers import crawl
+from gristmill.crawlers.partitions import deal, partition_of
+from gristmill.pipeline.commands.crawl import RayLauncher
+from gristmill.pipeline.demo.site.server import DemoSite
+from gristmill.pipeline.format import Corpus
 
 pytestmark = pytest.mark.timeout(240)
 SETTINGS = dict(allow_networks=["127.0.0.0/8"], min_delay=0.05, adaptive=False, extract=False, commit_every=5,

@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from protego import Protego
 
-from crawlers.crawler import CrawlConfig
-from crawlers.frontier import Frontier
-from crawlers.robots import Robots
-from crawlers.schedule import ROBOTS, HostScheduler
+from gristmill.crawlers.crawler import CrawlConfig
+from gristmill.crawlers.frontier import Frontier
+from gristmill.crawlers.robots import Robots
+from gristmill.crawlers.schedule import ROBOTS, HostScheduler
 
 
 class FakeClock:

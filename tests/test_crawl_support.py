@@ -20,9 +20,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from crawlers import crawl
-from crawlers.crawler import CrawlSummary
-from pipeline.format import Corpus
+from gristmill.crawlers import crawl
+from gristmill.crawlers.crawler import CrawlSummary
+from gristmill.pipeline.format import Corpus
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OMIT_CONTENT_TYPE = web.ResponseKey("omit_content_type", bool)  # a response marked so has no Content-Type

@@ -8,15 +8,15 @@ import time
 
 import pytest
 
-from crawlers import detect_language, extract_text
-from crawlers.crawler import CrawlConfig
-from crawlers.extract import content_hash, decode_html
-from crawlers.fetch import retry_after_seconds
-from crawlers.frontier import Frontier
-from crawlers.proxies import ProxyPool, ProxySpec
-from crawlers.safety import AddressPolicy
-from crawlers.sitemaps import SitemapError, looks_like_sitemap, parse_sitemap
-from crawlers.urls import BadURL, normalize_url, parse_page, url_id
+from gristmill.crawlers import detect_language, extract_text
+from gristmill.crawlers.crawler import CrawlConfig
+from gristmill.crawlers.extract import content_hash, decode_html
+from gristmill.crawlers.fetch import retry_after_seconds
+from gristmill.crawlers.frontier import Frontier
+from gristmill.crawlers.proxies import ProxyPool, ProxySpec
+from gristmill.crawlers.safety import AddressPolicy
+from gristmill.crawlers.sitemaps import SitemapError, looks_like_sitemap, parse_sitemap
+from gristmill.crawlers.urls import BadURL, normalize_url, parse_page, url_id
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,7 @@ def test_language_id_scores_exactly_as_py3langid_does() -> None:
     """The identifier's widened weights must not change a single score of the library's own."""
     import py3langid.langid as langid
 
-    from crawlers.extract import _identifier
+    from gristmill.crawlers.extract import _identifier
 
     library = langid.LanguageIdentifier.from_model_file(langid.MODEL_FILE, norm_probs=True)
     samples = ["The committee approved the budget after a long debate on Tuesday.",
@@ -203,7 +203,7 @@ def test_config_rejects_nonsense() -> None:
 def test_extraction_pool_kills_a_document_that_overruns_and_keeps_working() -> None:
     import asyncio
 
-    from crawlers.extract import ExtractionPool, ExtractionTimeout
+    from gristmill.crawlers.extract import ExtractionPool, ExtractionTimeout
 
     # 20,000 one-cell tables: several seconds of trafilatura on any machine, against a 0.5 s limit
     pathological = "<html><body>" + "".join(f"<table><tr><td><p>cell {i} " + "word " * 30 + "</p></td></tr></table>"
@@ -229,7 +229,7 @@ def test_extraction_pool_replaces_dead_and_worn_workers_and_reports_failures() -
     import os
     import signal
 
-    from crawlers.extract import ExtractionError, ExtractionPool, ExtractionTimeout
+    from gristmill.crawlers.extract import ExtractionError, ExtractionPool, ExtractionTimeout
 
     slow = "<html><body>" + "".join(f"<table><tr><td><p>cell {i} " + "word " * 30 + "</p></td></tr></table>"
                                     for i in range(20_000)) + "</body></html>"
@@ -272,7 +272,7 @@ def test_extraction_pool_gives_up_when_workers_die_at_start(tmp_path) -> None:
     script = tmp_path / "unguarded.py"
     script.write_text(
         "import asyncio\n"
-        "from crawlers.extract import ExtractionError, ExtractionPool\n"
+        "from gristmill.crawlers.extract import ExtractionError, ExtractionPool\n"
         "async def main():\n"
         "    pool = ExtractionPool(workers=2, timeout=5)\n"
         "    try:\n"

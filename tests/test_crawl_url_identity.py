@@ -13,7 +13,7 @@ from urllib.parse import unquote_to_bytes, urlsplit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crawlers.urls import _is_tracking, normalize_url, url_id
+from gristmill.crawlers.urls import _is_tracking, normalize_url, url_id
 
 TOKENS = st.one_of(
     st.sampled_from(["a", "b", "q", "x", "=", "&", "+", "%20", "%2B", "%26", "%3D", " ", "ä", "é", "utm_source",

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import dedup
+from gristmill import dedup
 
 
 def test_transitive_chain_becomes_one_cluster_labelled_by_its_smallest_key() -> None:

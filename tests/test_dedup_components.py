@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dedup
-from dedup import components
-from dedup.cluster import distinct
-from dedup.simulate import Simulation, simulate_components
+from gristmill import dedup
+from gristmill.dedup import components
+from gristmill.dedup.cluster import distinct
+from gristmill.dedup.simulate import Simulation, simulate_components
 
 MILLION = 1_000_000
 

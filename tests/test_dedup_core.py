@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import dedup
+from gristmill import dedup
 
 COLUMNS = [
     "id",
@@ -183,7 +183,7 @@ def jaccard(a: set, b: set) -> float:
 def test_importing_dedup_and_planning_a_job_loads_no_numba() -> None:
     """The job's driver only plans (bands, seed); numba's compiler state (~100 MB) loads with the first kernel."""
     code = (
-        "import sys, dedup, pipeline.job.config as job; "
+        "import sys, gristmill.dedup as dedup, gristmill.pipeline.job.config as job; "
         "job.index_params(job.DedupConfig(inputs=['in'], output='out')); "
         "before = 'numba' in sys.modules; dedup.content_hash('x'); "
         "print(before, 'numba' in sys.modules)"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from datasketch.lsh import _optimal_param
 
-import dedup
+from gristmill import dedup
 
 
 @pytest.mark.parametrize("num_perm", [32, 128, 256])

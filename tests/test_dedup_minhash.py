@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 import xxhash
 
-import dedup
+from gristmill import dedup
 
 GOLDEN_TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -45,7 +45,8 @@ def test_same_signatures_in_another_process_with_another_hash_seed() -> None:
     code = textwrap.dedent(
         """
         import json, sys
-        import dedup, xxhash
+        import xxhash
+        from gristmill import dedup
         sig = dedup.MinHasher(num_perm=64, ngram=3).signatures(json.loads(sys.argv[1]))
         print(xxhash.xxh3_64_hexdigest(sig.astype("<u8").tobytes()))
         """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import dedup
+from gristmill import dedup
 
 NONE = dedup.NormalizeOptions(nfkc=False, casefold=False, whitespace=False, punctuation=False, digits=False,
                               ignorables=False)
@@ -78,7 +78,7 @@ def test_class_table_covers_every_code_point() -> None:
     """The table skips planes 4-13 and 15-16 for speed: nothing there is space, punctuation or a digit."""
     import unicodedata
 
-    from dedup.normalize import class_table
+    from gristmill.dedup.normalize import class_table
 
     table = class_table()
     skipped = (*range(0x40000, 0xE0000), *range(0xE1000, 0x110000))

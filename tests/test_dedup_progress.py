@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from test_pipeline_data import documents, write_jsonl
 
-from pipeline.cli import main
-from pipeline.job import DedupConfig, job_stages, run_dedup
-from pipeline.report.progress import StageProgress
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.job import DedupConfig, job_stages, run_dedup
+from gristmill.pipeline.report.progress import StageProgress
 
 pytestmark = pytest.mark.timeout(240)
 

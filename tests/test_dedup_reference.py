@@ -18,8 +18,8 @@ import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import dedup
-from dedup import _kernels as K
+from gristmill import dedup
+from gristmill.dedup import _kernels as K
 
 P = (1 << 61) - 1
 MASK = (1 << 64) - 1

@@ -16,11 +16,11 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from pipeline import cli
-from pipeline.demo.site.content import SITE_HOSTS, build_sites, load_articles
-from pipeline.format import SOURCE_COLUMN, Corpus
-from pipeline.report.duplicates import find_clusters, open_removed
-from pipeline.report.html_report import COLORS
+from gristmill.pipeline import cli
+from gristmill.pipeline.demo.site.content import SITE_HOSTS, build_sites, load_articles
+from gristmill.pipeline.format import SOURCE_COLUMN, Corpus
+from gristmill.pipeline.report.duplicates import find_clusters, open_removed
+from gristmill.pipeline.report.html_report import COLORS
 
 pytestmark = pytest.mark.timeout(300)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -30,9 +30,9 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> tuple[Path, str, dict]:
-    """Runs ``python -m pipeline.demo`` (what ``make demo`` runs) once; returns (output dir, stdout, summary)."""
+    """Runs ``python -m gristmill.pipeline.demo`` (what ``make demo`` runs) once; returns (output dir, stdout, summary)."""
     output = tmp_path_factory.mktemp("demo") / "out"
-    done = subprocess.run([sys.executable, "-m", "pipeline.demo", "--output", str(output)], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "gristmill.pipeline.demo", "--output", str(output)], capture_output=True,
                           text=True, timeout=280, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return output, done.stdout, json.loads((output / "summary.json").read_text(encoding="utf-8"))

@@ -10,9 +10,9 @@ from xml.etree import ElementTree
 
 import pytest
 
-from crawlers.extract import detect_language, extract_text
-from pipeline.demo.site.content import LANGUAGES, SITE_HOSTS, load_articles, parse_articles
-from pipeline.demo.site.server import DemoSite, serving
+from gristmill.crawlers.extract import detect_language, extract_text
+from gristmill.pipeline.demo.site.content import LANGUAGES, SITE_HOSTS, load_articles, parse_articles
+from gristmill.pipeline.demo.site.server import DemoSite, serving
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ import ray
 import yaml
 from ray._private import ray_constants
 
-from pipeline.cli import COMMANDS
+from gristmill.pipeline.cli import COMMANDS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,7 +39,7 @@ def containers(cluster_spec: dict) -> list[dict]:
 
 
 def test_console_script_is_the_entry_point_the_manifests_call() -> None:
-    assert PROJECT["scripts"]["gristmill"] == "pipeline.cli:main"
+    assert PROJECT["scripts"]["gristmill"] == "gristmill.pipeline.cli:main"
     entry = shlex.split(load("kuberay-rayjob.yaml")["spec"]["entrypoint"])
     assert entry[:2] == ["gristmill", "dedup"] and entry[1] in COMMANDS
     sbatch = (DEPLOY / "slurm-gristmill.sbatch").read_text()
@@ -73,7 +73,7 @@ def test_cluster_launcher_and_dockerfile_agree() -> None:
     assert f"-t {IMAGE} ." in dockerfile
     for package in ("pipeline", "crawlers", "dedup", "loaders"):
         assert f"COPY --chown=ray:users {package} ./{package}" in dockerfile
-    from pipeline.job.driver import WORKER_ALLOCATOR_ENV
+    from gristmill.pipeline.job.driver import WORKER_ALLOCATOR_ENV
 
     assert "ENV " + " ".join(f"{k}={v}" for k, v in WORKER_ALLOCATOR_ENV.items()) in dockerfile
     exposed = re.search(r"^EXPOSE (.+)$", dockerfile, re.M)

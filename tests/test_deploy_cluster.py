@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from loaders import StreamingLoader
-from pipeline.format import Corpus
+from gristmill.loaders import StreamingLoader
+from gristmill.pipeline.format import Corpus
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_pipeline_data import documents, write_jsonl
 
-from pipeline.cli import main
-from pipeline.format import CORPUS_SCHEMA, Corpus, CorpusError, ShardWriter, member_path
-from pipeline.job import DedupConfig, DedupError, run_dedup
-from pipeline.job.inputs import InputError
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format import CORPUS_SCHEMA, Corpus, CorpusError, ShardWriter, member_path
+from gristmill.pipeline.job import DedupConfig, DedupError, run_dedup
+from gristmill.pipeline.job.inputs import InputError
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -132,7 +132,7 @@ def test_a_different_job_is_refused_then_replaces_with_overwrite_and_stale_files
 
 def test_stale_files_stay_until_the_new_manifest_commits(ray_local: None, raw: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipeline.job.driver as job
+    import gristmill.pipeline.job.driver as job
 
     out = tmp_path / "out"
     run_dedup(DedupConfig(inputs=[str(raw)], output=str(out), num_partitions=2))
@@ -203,7 +203,7 @@ def _tamper(folder: Path, change: object) -> None:
 @pytest.mark.parametrize("escape", ESCAPES)
 def test_every_reader_refuses_a_shard_path_that_escapes(corpus_dir: Path, escape: str,
                                                         capsys: pytest.CaptureFixture) -> None:
-    from loaders import StreamingLoader
+    from gristmill.loaders import StreamingLoader
 
     _tamper(corpus_dir, lambda m: m["shards"][0].__setitem__("path", escape))
     with pytest.raises(CorpusError, match="shard path"):
@@ -233,7 +233,7 @@ def test_impossible_shard_numbers_are_refused(corpus_dir: Path, field: str, valu
 
 def test_index_files_in_extra_are_contained_for_serve_and_against(ray_local: None, raw: Path,
                                                                   tmp_path: Path) -> None:
-    from pipeline.format.signature_index import load_index
+    from gristmill.pipeline.format.signature_index import load_index
 
     out = tmp_path / "out"
     run_dedup(DedupConfig(inputs=[str(raw)], output=str(out), num_partitions=2))
@@ -249,7 +249,7 @@ def test_index_files_in_extra_are_contained_for_serve_and_against(ray_local: Non
 
 def test_the_removed_corpus_a_manifest_names_must_name_the_same_job_back(ray_local: None, raw: Path,
                                                                          tmp_path: Path) -> None:
-    from pipeline.report.duplicates import open_removed
+    from gristmill.pipeline.report.duplicates import open_removed
 
     run_dedup(DedupConfig(inputs=[str(raw)], output=str(tmp_path / "a"), removed=str(tmp_path / "a-removed"),
                           num_partitions=2))
@@ -267,7 +267,7 @@ def test_a_folder_walk_reads_a_nested_corpus_by_its_manifest_only(ray_local: Non
                                                                   tmp_path: Path) -> None:
     """An earlier corpus (with its _index, _rejects and an unlisted stray shard) inside an input folder
     counts its listed rows once; a glob over it keeps only the shards its manifest lists."""
-    from pipeline.job.inputs import resolve_inputs
+    from gristmill.pipeline.job.inputs import resolve_inputs
 
     first = tmp_path / "first"
     run_dedup(DedupConfig(inputs=[str(raw)], output=str(first), num_partitions=2))

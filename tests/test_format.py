@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline.format import (
+from gristmill.pipeline.format import (
     CORPUS_SCHEMA,
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -27,7 +27,7 @@ from pipeline.format import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-GRISTMILL = [sys.executable, "-m", "pipeline.cli"]
+GRISTMILL = [sys.executable, "-m", "gristmill.pipeline.cli"]
 
 
 def make_documents(count: int, seed: int = 0) -> list[dict]:
@@ -105,7 +105,7 @@ def test_a_document_larger_than_a_row_group_gets_its_own(tmp_path: Path) -> None
 WRITER_SCRIPT = textwrap.dedent(
     """
     import random, string, sys
-    from pipeline.format import ShardWriter
+    from gristmill.pipeline.format import ShardWriter
     rng = random.Random(7)
     words = ["".join(rng.choices(string.ascii_lowercase, k=6)) for _ in range(3000)]
     writer = ShardWriter(sys.argv[1], shard_bytes=256 << 10, row_group_bytes=32 << 10)

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from loaders import StreamingLoader
-from pipeline.cli import main
-from pipeline.format import (
+from gristmill.loaders import StreamingLoader
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format import (
     LEGACY_MANIFEST_NAME,
     MANIFEST_NAME,
     Corpus,
@@ -22,7 +22,7 @@ from pipeline.format import (
     ShardWriter,
     write_corpus,
 )
-from pipeline.format.existing import index_parquet
+from gristmill.pipeline.format.existing import index_parquet
 
 
 def _table(start: int, n: int) -> pa.Table:
@@ -156,7 +156,7 @@ def test_a_corpus_of_format_2_is_still_read_and_a_new_commit_replaces_its_manife
 def dedup_corpus(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, pa.Table]:
     """A corpus as ``gristmill dedup`` leaves it with every side folder: _blocks, _index, _rejects, _stats,
     _pairs, and _work (kept)."""
-    from pipeline.job import DedupConfig, run_dedup
+    from gristmill.pipeline.job import DedupConfig, run_dedup
 
     root = tmp_path_factory.mktemp("dedup")
     with open(root / "in.jsonl", "w") as handle:

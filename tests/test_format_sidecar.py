@@ -23,9 +23,9 @@ from fsspec.implementations.memory import MemoryFileSystem
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from loaders import StreamingLoader
-from loaders.state import corpus_fingerprint
-from pipeline.format import (
+from gristmill.loaders import StreamingLoader
+from gristmill.loaders.state import corpus_fingerprint
+from gristmill.pipeline.format import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     BlockTable,
@@ -34,8 +34,8 @@ from pipeline.format import (
     ShardWriter,
     write_manifest,
 )
-from pipeline.format import manifest as manifest_module
-from pipeline.format.manifest import checksum_bytes
+from gristmill.pipeline.format import manifest as manifest_module
+from gristmill.pipeline.format.manifest import checksum_bytes
 from tests.test_loader import make_corpus
 
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pipeline.cli import main
-from pipeline.format import CORPUS_SCHEMA, Corpus, ShardWriter, retire_unlisted
-from pipeline.format.gc import GRACE_SECONDS, RETIRED_NAME
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format import CORPUS_SCHEMA, Corpus, ShardWriter, retire_unlisted
+from gristmill.pipeline.format.gc import GRACE_SECONDS, RETIRED_NAME
 
 OLD = "part-00000-oldrun-00000.parquet"
 
@@ -52,7 +52,7 @@ def test_a_file_retired_longer_than_the_grace_period_goes_at_the_next_commit(tmp
 
 
 def test_gc_is_refused_while_a_job_holds_the_lease(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from pipeline.format import Lease
+    from gristmill.pipeline.format import Lease
 
     _corpus(tmp_path)
     lease = Lease(str(tmp_path), "writing-job")

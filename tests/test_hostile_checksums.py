@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_format import make_documents
 
-from loaders import StreamingLoader
-from loaders.blocks import LoaderError
-from pipeline.format import Corpus, CorpusError, ShardWriter
-from pipeline.job.inputs import Doc, ReadOptions, Reject, read_file, resolve_inputs
+from gristmill.loaders import StreamingLoader
+from gristmill.loaders.blocks import LoaderError
+from gristmill.pipeline.format import Corpus, CorpusError, ShardWriter
+from gristmill.pipeline.job.inputs import Doc, ReadOptions, Reject, read_file, resolve_inputs
 
 
 @pytest.fixture(scope="module")

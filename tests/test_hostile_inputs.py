@@ -22,11 +22,11 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.format import CORPUS_SCHEMA, REJECT_SCHEMA, Corpus, ShardWriter
-from pipeline.job import DedupConfig, DedupError, run_dedup
-from pipeline.job.datasets import DOC_SCHEMA
-from pipeline.job.extras import ColumnTypes, batch_table
-from pipeline.job.inputs import Doc, ReadOptions, Reject, read_file, resolve_inputs
+from gristmill.pipeline.format import CORPUS_SCHEMA, REJECT_SCHEMA, Corpus, ShardWriter
+from gristmill.pipeline.job import DedupConfig, DedupError, run_dedup
+from gristmill.pipeline.job.datasets import DOC_SCHEMA
+from gristmill.pipeline.job.extras import ColumnTypes, batch_table
+from gristmill.pipeline.job.inputs import Doc, ReadOptions, Reject, read_file, resolve_inputs
 
 pytestmark = pytest.mark.timeout(300)
 READERS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

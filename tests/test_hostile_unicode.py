@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 from test_pipeline_data import real_texts, write_jsonl
 from test_service import start_server
 
-import dedup
-from dedup.normalize import DEFAULT_NORMALIZE, is_blank, prefold
-from dedup.unicode_bounds import CGJ, DEFAULT_IGNORABLE_RANGES, MAX_NON_STARTERS, stream_safe
-from pipeline.cli import main
-from pipeline.format import Corpus
-from pipeline.service.client import DedupClient, ServiceError
+from gristmill import dedup
+from gristmill.dedup.normalize import DEFAULT_NORMALIZE, is_blank, prefold
+from gristmill.dedup.unicode_bounds import CGJ, DEFAULT_IGNORABLE_RANGES, MAX_NON_STARTERS, stream_safe
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format import Corpus
+from gristmill.pipeline.service.client import DedupClient, ServiceError
 
 IGNORABLES = [chr(cp) for lo, hi in DEFAULT_IGNORABLE_RANGES for cp in range(lo, hi + 1)]
 # every combining mark of planes 0-1, and the characters whose decomposition is marks only

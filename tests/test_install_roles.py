@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.commands.options import read_toml
+from gristmill.pipeline.commands.options import read_toml
 
 pytestmark = pytest.mark.timeout(180)
 REPO = Path(__file__).resolve().parents[1]
@@ -54,9 +54,9 @@ def _pyproject() -> dict:
 
 def test_a_training_node_streams_a_corpus_without_the_heavy_packages(tmp_path: Path) -> None:
     code = """
-import loaders
-from loaders.torch_dataset import StreamingDataLoader, StreamingDataset
-from pipeline.format import ShardWriter
+from gristmill import loaders
+from gristmill.loaders.torch_dataset import StreamingDataLoader, StreamingDataset
+from gristmill.pipeline.format import ShardWriter
 out = sys.argv[2]
 writer = ShardWriter(out, shard_bytes=20_000, row_group_bytes=4_000)
 writer.write([{"id": f"doc-{i}", "text": f"document {i} " * (1 + i % 40)} for i in range(500)])
@@ -76,7 +76,7 @@ print("streamed", len(streamed), "heavy", heavy)
 def test_the_command_line_names_the_missing_extra(tmp_path: Path) -> None:
     source = tmp_path / "in.jsonl"
     source.write_text('{"text": "one document"}\n')
-    run_cli = "from pipeline.cli import main\nsys.exit(main(sys.argv[2:]))\n"
+    run_cli = "from gristmill.pipeline.cli import main\nsys.exit(main(sys.argv[2:]))\n"
 
     dedup = without(("ray",), run_cli, "dedup", str(source), "-o", str(tmp_path / "out"))
     assert dedup.returncode == 2, dedup.stderr[-3000:]
@@ -88,7 +88,7 @@ def test_the_command_line_names_the_missing_extra(tmp_path: Path) -> None:
 
     # the commands that read a corpus work on the base install
     corpus = tmp_path / "corpus"
-    write = f"from pipeline.format import ShardWriter\nw = ShardWriter({str(corpus)!r})\n" \
+    write = f"from gristmill.pipeline.format import ShardWriter\nw = ShardWriter({str(corpus)!r})\n" \
             "w.write([{'id': 'a', 'text': 'x'}])\nw.commit()\n"
     assert without(HEAVY, write).returncode == 0
     inspect = without(HEAVY, run_cli, "inspect", str(corpus), "--verify", "--json")
@@ -98,13 +98,13 @@ def test_the_command_line_names_the_missing_extra(tmp_path: Path) -> None:
 
 def test_help_imports_no_command_and_version_comes_from_the_metadata() -> None:
     code = """
-from pipeline.cli import main
+from gristmill.pipeline.cli import main
 try:
     main(sys.argv[2:])
 except SystemExit:
     pass
-print("LOADED", sorted(m for m in ("pyarrow", "numpy", "ray", "aiohttp", "pipeline.format", "tqdm") if m in sys.modules))
-from pipeline.cli import COMMANDS
+print("LOADED", sorted(m for m in ("pyarrow", "numpy", "ray", "aiohttp", "gristmill.pipeline.format", "tqdm") if m in sys.modules))
+from gristmill.pipeline.cli import COMMANDS
 print("COMMANDS", sorted(name for name, (module, _) in COMMANDS.items() if module in sys.modules))
 """
     top = without((), code, "--help")
@@ -114,7 +114,7 @@ print("COMMANDS", sorted(name for name, (module, _) in COMMANDS.items() if modul
     assert stats.stdout.startswith("usage: gristmill stats") and "COMMANDS ['stats']" in stats.stdout
     from importlib.metadata import version
 
-    shown = subprocess.run([sys.executable, "-m", "pipeline.cli", "--version"], cwd=REPO, capture_output=True,
+    shown = subprocess.run([sys.executable, "-m", "gristmill.pipeline.cli", "--version"], cwd=REPO, capture_output=True,
                            text=True, timeout=60)
     assert shown.returncode == 0 and shown.stdout.strip() == f"gristmill {version('gristmill')}"
 

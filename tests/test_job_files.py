@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.cli import build_parser, main
-from pipeline.commands import dedup as dedup_cmd
-from pipeline.commands.options import _Renamed, apply_job_file, parse_size, size
+from gristmill.pipeline.cli import build_parser, main
+from gristmill.pipeline.commands import dedup as dedup_cmd
+from gristmill.pipeline.commands.options import _Renamed, apply_job_file, parse_size, size
 
 JOB_COMMANDS = ("crawl", "serve", "dedup")
 

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.format import Corpus
-from pipeline.job import DedupConfig, DedupError, run_dedup
-from pipeline.job.config import index_params
-from pipeline.job.inputs import plan_splits, resolve_inputs
-from pipeline.job.plan import job_fingerprint
+from gristmill.pipeline.format import Corpus
+from gristmill.pipeline.job import DedupConfig, DedupError, run_dedup
+from gristmill.pipeline.job.config import index_params
+from gristmill.pipeline.job.inputs import plan_splits, resolve_inputs
+from gristmill.pipeline.job.plan import job_fingerprint
 
 pytestmark = pytest.mark.timeout(300)
 

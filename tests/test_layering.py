@@ -13,7 +13,9 @@ use each other). On top of that: ``pipeline/__init__.py`` imports nothing; the s
 the batch job; nothing imports a command (``pipeline.cli`` loads them by name; ``pipeline.commands.options``,
 the vocabulary every command shares, is the package's one library module); nobody imports a
 private name from another room; Ray is used on floor 3 only, torch only by the PyTorch adapter,
-aiohttp not by dedup/, the format or loaders/. A failure names the file, the line and the rule.
+aiohttp not by dedup/, the format or loaders/. Our packages are imported as ``gristmill.X`` (a bare
+``pipeline`` or ``dedup`` could be a user's module); module names below leave the prefix off. A failure
+names the file, the line and the rule.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("dedup", "pipeline", "crawlers", "loaders")
+NAMESPACE = "gristmill."  # what the distribution installs the four folders under
 COMMAND_LIBRARIES = ("pipeline.commands.options",)  # modules of pipeline/commands that are not commands
 ROOMS = ("pipeline.format", "pipeline.job", "pipeline.service", "pipeline.commands", "pipeline.report",
          "pipeline.demo", "pipeline.cli")
@@ -42,6 +45,14 @@ class Arrow:
     target: str
     where: str  # path:line
     name: str | None = None  # for ``from module import name``: the name
+    bare: bool = False  # an absolute import of one of our packages without the gristmill. prefix
+
+
+def _target(name: str) -> tuple[str, bool]:
+    """An imported name without the namespace prefix, and whether it named one of ours without it."""
+    if name.startswith(NAMESPACE):
+        return name[len(NAMESPACE):], False
+    return name, name.split(".")[0] in PACKAGES
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -60,14 +71,19 @@ def arrows(root: Path) -> Iterator[Arrow]:
                 where = f"{path.relative_to(root)}:{getattr(node, 'lineno', 0)}"
                 if isinstance(node, ast.Import):
                     for alias in node.names:
-                        yield Arrow(module, alias.name, where)
+                        target, bare = _target(alias.name)
+                        yield Arrow(module, target, where, bare=bare)
                 elif isinstance(node, ast.ImportFrom):
-                    base = node.module or ""
+                    base, bare = node.module or "", False
                     if node.level:  # relative: from the package, up level - 1
                         anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                         base = ".".join([*anchor, *([base] if base else [])])
-                    for alias in node.names:  # the name may be a submodule: `from pipeline import job`
-                        yield Arrow(module, f"{base}.{alias.name}", where, alias.name)
+                    elif base == NAMESPACE.rstrip("."):  # `from gristmill import dedup`
+                        base = ""
+                    else:
+                        base, bare = _target(base)
+                    for alias in node.names:  # the name may be a submodule: `from gristmill.pipeline import job`
+                        yield Arrow(module, f"{base}.{alias.name}".lstrip("."), where, alias.name, bare)
 
 
 def floor(module: str) -> int | None:
@@ -106,6 +122,8 @@ HEAVY: dict[str, tuple[str, Callable[[str], bool]]] = {
 def broken_rules(arrow: Arrow) -> list[str]:
     """Why this import is not allowed (empty when it is)."""
     problems = []
+    if arrow.bare:
+        problems.append(f"import it as {NAMESPACE}{arrow.target.split('.')[0]}: a bare name can be shadowed")
     source_floor, target_floor = floor(arrow.source), floor(arrow.target)
     if target_floor is not None:
         assert source_floor is not None
@@ -138,7 +156,7 @@ def test_the_code_keeps_the_layering_rules() -> None:
     assert violations(REPO) == []
 
 
-@pytest.mark.parametrize("module", ["loaders", "pipeline.format"])
+@pytest.mark.parametrize("module", ["gristmill.loaders", "gristmill.pipeline.format"])
 def test_importing_the_lower_floors_loads_no_ray_aiohttp_or_torch(module: str) -> None:
     code = f"import sys, {module}; print(','.join(m for m in ('ray', 'aiohttp', 'torch') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
@@ -154,19 +172,21 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 @pytest.mark.parametrize(("path", "code", "rule"), [
-    ("dedup/core.py", "from pipeline.format import Corpus", "imports only run downward"),
-    ("pipeline/format/reader.py", "def f():\n    from pipeline.job import run_dedup", "imports only run downward"),
-    ("pipeline/format/reader.py", "from crawlers import crawl", "imports only run downward"),
-    ("crawlers/crawler.py", "from pipeline.service.client import ServiceError", "imports only run downward"),
+    ("dedup/core.py", "from gristmill.pipeline.format import Corpus", "imports only run downward"),
+    ("pipeline/format/reader.py", "def f():\n    from gristmill.pipeline.job import run_dedup", "imports only run downward"),
+    ("pipeline/format/reader.py", "from gristmill.crawlers import crawl", "imports only run downward"),
+    ("crawlers/crawler.py", "from gristmill.pipeline.service.client import ServiceError", "imports only run downward"),
     ("loaders/blocks.py", "from ..crawlers import urls", "imports only run downward"),
-    ("loaders/blocks.py", "import crawlers.urls", "imports only run downward"),
-    ("pipeline/__init__.py", "from pipeline.format import Corpus", "stays empty of imports"),
-    ("pipeline/service/server.py", "from pipeline.job.config import DedupConfig", "never imports the batch job"),
-    ("pipeline/demo/__main__.py", "from pipeline.commands.stats import render", "commands are not libraries"),
-    ("pipeline/service/server.py", "from pipeline.format.reader import _private", "private to pipeline.format"),
+    ("loaders/blocks.py", "import gristmill.crawlers.urls", "imports only run downward"),
+    ("pipeline/__init__.py", "from gristmill.pipeline.format import Corpus", "stays empty of imports"),
+    ("pipeline/service/server.py", "from gristmill.pipeline.job.config import DedupConfig", "never imports the batch job"),
+    ("pipeline/demo/__main__.py", "from gristmill.pipeline.commands.stats import render", "commands are not libraries"),
+    ("pipeline/service/server.py", "from gristmill.pipeline.format.reader import _private", "private to pipeline.format"),
     ("loaders/loader.py", "import ray", "ray may only be imported by"),
     ("loaders/loader.py", "import torch", "torch may only be imported by"),
     ("pipeline/format/writer.py", "import aiohttp", "aiohttp may only be imported by"),
+    ("loaders/blocks.py", "from pipeline.format import Corpus", "a bare name can be shadowed"),
+    ("crawlers/crawler.py", "import dedup", "a bare name can be shadowed"),
 ])
 def test_a_planted_violation_is_named(tmp_path: Path, path: str, code: str, rule: str) -> None:
     found = violations(_tree(tmp_path, {path: code}))
@@ -175,11 +195,11 @@ def test_a_planted_violation_is_named(tmp_path: Path, path: str, code: str, rule
 
 def test_downward_and_inside_arrows_pass(tmp_path: Path) -> None:
     root = _tree(tmp_path, {
-        "pipeline/format/reader.py": "from dedup import lsh\nfrom pipeline.format.manifest import CorpusError",
-        "crawlers/output.py": "from pipeline.format import ShardWriter\nfrom .frontier import ResultLog",
-        "pipeline/job/inputs/warc.py": "from crawlers.extract import extract_text\nfrom pipeline import format",
-        "pipeline/cli.py": "import importlib",
-        "pipeline/commands/crawl.py": "from pipeline.commands.options import size",
+        "pipeline/format/reader.py": "from gristmill.dedup import lsh\nfrom gristmill.pipeline.format.manifest import CorpusError",
+        "crawlers/output.py": "from gristmill.pipeline.format import ShardWriter\nfrom .frontier import ResultLog",
+        "pipeline/job/inputs/warc.py": "from gristmill.crawlers.extract import extract_text\nfrom gristmill.pipeline import format",
+        "pipeline/cli.py": "import importlib\nfrom gristmill import dedup",
+        "pipeline/commands/crawl.py": "from gristmill.pipeline.commands.options import size",
         "loaders/torch_dataset.py": "import torch",
     })
     assert violations(root) == []

@@ -11,12 +11,19 @@ import time
 import numpy as np
 import pytest
 
-from loaders import ByteTokenizer, CallableTokenizer, DiskCache, FileTokenizer, LoaderError, StreamingLoader
-from loaders.blocks import BlockSource, Counters
-from loaders.mixing import MixedLoader
-from loaders.plan import EpochOrder, Generation, plan_generation
-from loaders.prefetch import Prefetcher
-from pipeline.format import Corpus, ShardWriter
+from gristmill.loaders import (
+    ByteTokenizer,
+    CallableTokenizer,
+    DiskCache,
+    FileTokenizer,
+    LoaderError,
+    StreamingLoader,
+)
+from gristmill.loaders.blocks import BlockSource, Counters
+from gristmill.loaders.mixing import MixedLoader
+from gristmill.loaders.plan import EpochOrder, Generation, plan_generation
+from gristmill.loaders.prefetch import Prefetcher
+from gristmill.pipeline.format import Corpus, ShardWriter
 
 WORDS = np.array("the of and a to in is was he for it with as his on be at by i this had not are but from or "
                  "have an they which one you were her all she there would their we him been has when who will "
@@ -547,7 +554,8 @@ def test_utf8_output_matches_python_output(corpus: tuple[str, list[str]]) -> Non
 def test_blocks_decoded_in_batches_stream_as_whole_blocks(corpus: tuple[str, list[str]],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A block decoded in several record batches (as big blocks are) gives the same batches, in every output."""
-    import loaders.blocks
+    import gristmill.loaders.blocks  # noqa: F401
+    from gristmill import loaders
 
     path, texts = corpus
 
@@ -639,7 +647,8 @@ def test_a_windows_blocks_are_freed_once_the_next_window_is_read(corpus: tuple[s
 
 def test_footers_are_kept_within_a_byte_bound(corpus: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
     """With room for one footer only, every shard's footer is read again when needed: same batches."""
-    import loaders.blocks
+    import gristmill.loaders.blocks  # noqa: F401
+    from gristmill import loaders
 
     path, _ = corpus
     expected = ids_of(StreamingLoader(path, batch_size=16, columns=["id"], seed=5, world_size=1, rank=0))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loaders import FileTokenizer, StreamingLoader
+from gristmill.loaders import FileTokenizer, StreamingLoader
 from tests.test_loader import make_corpus
 
 
@@ -32,7 +32,7 @@ def test_byte_arguments_take_units_as_the_command_line_does(corpus: str) -> None
 
 
 def test_the_torch_adapter_has_a_length(corpus: str) -> None:
-    from loaders.torch_dataset import StreamingDataLoader, StreamingDataset
+    from gristmill.loaders.torch_dataset import StreamingDataLoader, StreamingDataset
 
     dataset = StreamingDataset(corpus, batch_size=16, columns=["id"], world_size=1, rank=0)
     loader = StreamingDataLoader(dataset)
@@ -41,9 +41,9 @@ def test_the_torch_adapter_has_a_length(corpus: str) -> None:
 
 def test_a_missing_extra_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     done = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; "
-                           "import loaders.torch_dataset"], capture_output=True, text=True, timeout=120)
+                           "import gristmill.loaders.torch_dataset"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
-    assert "ModuleNotFoundError: loaders.torch_dataset needs torch, which is not installed: pip install " \
+    assert "ModuleNotFoundError: gristmill.loaders.torch_dataset needs torch, which is not installed: pip install " \
            "'gristmill[torch]'" in done.stderr
     monkeypatch.setitem(sys.modules, "tokenizers", None)
     with pytest.raises(ModuleNotFoundError, match=r"FileTokenizer needs tokenizers.*'gristmill\[tokenizers\]'"):

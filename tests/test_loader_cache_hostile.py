@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from small_disk import fill, small_disk
 
-from loaders import DiskCache, StreamingLoader
+from gristmill.loaders import DiskCache, StreamingLoader
 from tests.test_loader import make_corpus
 
 pytestmark = pytest.mark.timeout(300)
@@ -112,7 +112,8 @@ def test_without_locks_or_access_times_a_block_is_read_from_storage(tmp_path: Pa
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    import loaders.cache
+    import gristmill.loaders.cache  # noqa: F401
+    from gristmill import loaders
 
     cache = DiskCache(str(tmp_path / "cache"), BOUND)
     assert cache.put("k", b"k" * BLOCK)

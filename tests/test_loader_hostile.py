@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loaders import ByteTokenizer, StreamingLoader
-from loaders.checks import INT32_MAX, INT32_MIN
-from loaders.mixing import MixedLoader
-from loaders.state import MAX_STREAMS, parse_state
+from gristmill.loaders import ByteTokenizer, StreamingLoader
+from gristmill.loaders.checks import INT32_MAX, INT32_MIN
+from gristmill.loaders.mixing import MixedLoader
+from gristmill.loaders.state import MAX_STREAMS, parse_state
 from tests.test_loader import make_corpus
 
 ROWS = 400

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loaders import DiskCache, StreamingLoader
-from pipeline.format import Corpus
+from gristmill.loaders import DiskCache, StreamingLoader
+from gristmill.pipeline.format import Corpus
 from tests.test_loader import make_corpus
 
 pytestmark = pytest.mark.timeout(180)
@@ -117,7 +117,8 @@ def _hold_then_hang(directory: str, role: str, ready: str) -> None:
         cache.fetch("p", 1000, lambda: b"p" * 1000)
         Path(ready).touch()
     else:  # killed between reserving space and publishing the block
-        import loaders.cache
+        import gristmill.loaders.cache  # noqa: F401
+        from gristmill import loaders
 
         loaders.cache.os.replace = lambda *_: (Path(ready).touch(), time.sleep(600))
         cache.put("w", b"w" * 1000)

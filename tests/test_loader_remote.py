@@ -23,10 +23,10 @@ import s3fs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loaders import LoaderError, StreamingLoader
-from loaders.blocks import PART_BYTES, is_throttling
-from pipeline.format import Corpus, ShardWriter
-from pipeline.format import manifest as manifest_module
+from gristmill.loaders import LoaderError, StreamingLoader
+from gristmill.loaders.blocks import PART_BYTES, is_throttling
+from gristmill.pipeline.format import Corpus, ShardWriter
+from gristmill.pipeline.format import manifest as manifest_module
 from tests.test_loader import make_corpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -168,7 +168,7 @@ def test_dataloader_workers_read_the_store_with_their_own_connections(shaped: Sh
                                                                      few_blocks: str) -> None:
     """The first batch is read before the workers fork; s3fs refuses to run in a child forked after it
     started, so each worker must open its own filesystem object."""
-    from loaders.torch_dataset import StreamingDataLoader, StreamingDataset
+    from gristmill.loaders.torch_dataset import StreamingDataLoader, StreamingDataset
 
     url = upload(shaped, few_blocks)
     shaped.shape(latency=0.02)
@@ -220,7 +220,7 @@ def test_many_reads_are_in_flight_at_once_against_a_far_store(shaped: ShapedStor
 
 
 def test_room_for_reads_keeps_what_the_caller_set() -> None:
-    from loaders.concurrency import room_for_reads
+    from gristmill.loaders.concurrency import room_for_reads
 
     assert room_for_reads("s3://b/c", {"anon": True}, 48) == {"anon": True,
                                                               "config_kwargs": {"max_pool_connections": 48}}
@@ -352,7 +352,7 @@ def token_batches(loader: Any) -> list[Any]:
 def test_pinned_batches_and_a_cpu_device_give_the_same_tokens(few_blocks: str, workers: int) -> None:
     import torch
 
-    from loaders.torch_dataset import StreamingDataLoader, StreamingDataset
+    from gristmill.loaders.torch_dataset import StreamingDataLoader, StreamingDataset
 
     args = {"batch_size": 8, "seq_len": 256, "world_size": 1, "rank": 0, "seed": 1}
     expected = token_batches(StreamingDataLoader(StreamingDataset(few_blocks, **args), num_workers=workers))
@@ -369,7 +369,7 @@ def test_pinned_batches_and_a_cpu_device_give_the_same_tokens(few_blocks: str, w
 def test_a_device_this_machine_lacks_is_a_clear_error(few_blocks: str) -> None:
     import torch
 
-    from loaders.torch_dataset import StreamingDataLoader, StreamingDataset
+    from gristmill.loaders.torch_dataset import StreamingDataLoader, StreamingDataset
 
     dataset = StreamingDataset(few_blocks, batch_size=4, seq_len=64, world_size=1, rank=0)
     if torch.cuda.is_available():  # where CUDA is present, batches arrive on the GPU
@@ -391,7 +391,7 @@ class _LinkModel:
     a round of ``limit`` reads of 1 MB takes ``limit / min(limit, capacity)`` seconds."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, capacity: int) -> None:
-        import loaders.concurrency as concurrency
+        import gristmill.loaders.concurrency as concurrency
 
         self.now, self.capacity = 0.0, capacity
         monkeypatch.setattr(concurrency.time, "perf_counter", lambda: self.now)
@@ -406,8 +406,8 @@ class _LinkModel:
 
 def test_the_read_gate_doubles_while_it_pays_then_grows_by_half(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from loaders.blocks import Counters
-    from loaders.concurrency import ReadGate
+    from gristmill.loaders.blocks import Counters
+    from gristmill.loaders.concurrency import ReadGate
 
     link = _LinkModel(monkeypatch, capacity=17)
     gate = ReadGate(Counters(), start=4, maximum=64)

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from loaders import LoaderError, StreamingLoader
-from pipeline.format import Corpus
+from gristmill.loaders import LoaderError, StreamingLoader
+from gristmill.pipeline.format import Corpus
 from tests.test_loader import make_corpus
 
 pytestmark = pytest.mark.timeout(120)

@@ -15,10 +15,15 @@ import tiktoken
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from loaders import FileTokenizer, StreamingLoader
-from loaders.eos import NoEosError
-from loaders.tokenizers import HuggingFaceTokenizer, TiktokenTokenizer, TransformersTokenizer, as_tokenizer
-from pipeline.format import ShardWriter
+from gristmill.loaders import FileTokenizer, StreamingLoader
+from gristmill.loaders.eos import NoEosError
+from gristmill.loaders.tokenizers import (
+    HuggingFaceTokenizer,
+    TiktokenTokenizer,
+    TransformersTokenizer,
+    as_tokenizer,
+)
+from gristmill.pipeline.format import ShardWriter
 
 TEXTS = [f"document {i}: " + " ".join(["the quick brown fox", "jumps over", "a lazy dog"][: 1 + i % 3]) * (1 + i % 4)
          for i in range(60)]

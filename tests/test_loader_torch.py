@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from loaders import StreamingLoader  # noqa: E402
-from loaders.torch_dataset import StreamingDataLoader, StreamingDataset  # noqa: E402
+from gristmill.loaders import StreamingLoader  # noqa: E402
+from gristmill.loaders.torch_dataset import StreamingDataLoader, StreamingDataset  # noqa: E402
 from tests.test_loader import make_corpus  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -116,8 +116,8 @@ def test_packed_units_keep_the_step_quota_across_ranks(corpus: tuple[str, list[s
 def test_pin_memory_thread_passes_units_and_their_release_flags_through() -> None:
     from torch.utils.data._utils.pin_memory import pin_memory
 
-    from loaders.torch_dataset import _SharedPool, _Shipment
-    from loaders.units import Unit
+    from gristmill.loaders.torch_dataset import _SharedPool, _Shipment
+    from gristmill.loaders.units import Unit
 
     pool = _SharedPool()
     buffer = pool.allocate(10, np.uint8)
@@ -127,7 +127,7 @@ def test_pin_memory_thread_passes_units_and_their_release_flags_through() -> Non
 
 
 def test_shared_pool_reuses_a_released_buffer_for_a_larger_unit_of_another_type() -> None:
-    from loaders.torch_dataset import _SharedPool
+    from gristmill.loaders.torch_dataset import _SharedPool
 
     pool = _SharedPool()
     first = pool.allocate(1000, np.uint8)

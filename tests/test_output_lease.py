@@ -19,12 +19,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_pipeline_data import documents, write_jsonl
 
-import pipeline.format.lease as lease_module
-from pipeline.format import Corpus, Lease, LeaseHeld
-from pipeline.format.lease import LEASE_NAME, LEASE_SECONDS, Holder, LeaseLost
+import gristmill.pipeline.format.lease as lease_module
+from gristmill.pipeline.format import Corpus, Lease, LeaseHeld
+from gristmill.pipeline.format.lease import LEASE_NAME, LEASE_SECONDS, Holder, LeaseLost
 
 REPO = Path(__file__).resolve().parents[1]
-GRISTMILL = [sys.executable, "-m", "pipeline.cli"]
+GRISTMILL = [sys.executable, "-m", "gristmill.pipeline.cli"]
 pytestmark = pytest.mark.timeout(300)
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from test_pipeline_data import documents, write_jsonl
 
-from loaders import StreamingLoader
-from pipeline.cli import main
-from pipeline.format import Corpus, open_fs
-from pipeline.job import DedupConfig, run_dedup
+from gristmill.loaders import StreamingLoader
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format import Corpus, open_fs
+from gristmill.pipeline.job import DedupConfig, run_dedup
 
 pytestmark = pytest.mark.timeout(300)
 

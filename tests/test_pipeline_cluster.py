@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from test_pipeline_data import documents, write_jsonl, write_parquet
 
-from pipeline.format import Corpus
-from pipeline.job import DedupConfig, run_dedup
+from gristmill.pipeline.format import Corpus
+from gristmill.pipeline.job import DedupConfig, run_dedup
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,6 +1,6 @@
 """The input's own columns pass through dedup: name, type and values, into kept and removed shards.
 
-gristmill consumes the text and id columns and its own names (``pipeline.format.schemas``); every
+gristmill consumes the text and id columns and its own names (``gristmill.pipeline.format.schemas``); every
 other column of a Parquet file (any Arrow type) or a JSONL record reaches the shards, the union over
 files with nulls where a file lacks one; two files that disagree on a column's type stop the run
 with exit 2 naming the column and both files. Runs on a real local Ray with real Parquet files.
@@ -22,14 +22,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loaders import StreamingLoader
-from pipeline.cli import main
-from pipeline.format import Corpus
-from pipeline.format.schemas import RESERVED_COLUMNS, SOURCE_COLUMN
-from pipeline.job import DedupConfig, run_dedup
-from pipeline.job.extras import ColumnTypes, batch_table
-from pipeline.job.inputs import Doc
-from pipeline.job.inputs.records import Extra
+from gristmill.loaders import StreamingLoader
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format import Corpus
+from gristmill.pipeline.format.schemas import RESERVED_COLUMNS, SOURCE_COLUMN
+from gristmill.pipeline.job import DedupConfig, run_dedup
+from gristmill.pipeline.job.extras import ColumnTypes, batch_table
+from gristmill.pipeline.job.inputs import Doc
+from gristmill.pipeline.job.inputs.records import Extra
 
 WORDS = [f"w{i}" for i in range(400)]
 
@@ -192,8 +192,8 @@ def test_a_users_source_column_is_never_taken_for_gristmills_source(tmp_path: Pa
     """Without a URL a document's gristmill_source is its file: a ``source`` column ("pydocs") is the
     user's, carried, not read as where the document came from (a corpus shard of format 2 is the
     exception: its ``source`` column was gristmill's)."""
-    from pipeline.format.existing import index_parquet
-    from pipeline.job.inputs import ReadOptions, read_file, resolve_inputs
+    from gristmill.pipeline.format.existing import index_parquet
+    from gristmill.pipeline.job.inputs import ReadOptions, read_file, resolve_inputs
 
     path = tmp_path / "plain" / "data.parquet"
     path.parent.mkdir()
@@ -228,8 +228,8 @@ def test_generated_jsonl_keys_come_out_with_their_json_types(tmp_path_factory: p
                                                              kinds: dict[str, str], data: st.DataObject) -> None:
     """Each key keeps its values under the type its JSON kind maps to (objects and arrays as JSON text),
     null where a record lacks it; a key whose kinds do not unify is a clash naming it and the file."""
-    from pipeline.job import DedupError
-    from pipeline.job.inputs import ReadOptions, read_file, resolve_inputs
+    from gristmill.pipeline.job import DedupError
+    from gristmill.pipeline.job.inputs import ReadOptions, read_file, resolve_inputs
 
     records = []
     for i in range(data.draw(st.integers(1, 6))):

@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dedup.cluster import connected_components as union_find_components
-from pipeline.job import components
-from pipeline.job.config import DedupConfig, index_params
-from pipeline.job.datasets import LABELS, edges_from
-from pipeline.job.inputs import KEY_BITS
-from pipeline.job.tasks import Job
-from pipeline.job.workdir import WorkDir
+from gristmill.dedup.cluster import connected_components as union_find_components
+from gristmill.pipeline.job import components
+from gristmill.pipeline.job.config import DedupConfig, index_params
+from gristmill.pipeline.job.datasets import LABELS, edges_from
+from gristmill.pipeline.job.inputs import KEY_BITS
+from gristmill.pipeline.job.tasks import Job
+from gristmill.pipeline.job.workdir import WorkDir
 
 SPLITS = 4
 

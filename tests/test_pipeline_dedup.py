@@ -1,5 +1,5 @@
 """The Ray dedup job on a real local Ray (one ``ray.init`` for the module): accounting, agreement with
-the in-memory ``dedup.deduplicate``, incremental dedup, statistics, the command line and job file."""
+the in-memory ``gristmill.dedup.deduplicate``, incremental dedup, statistics, the command line and job file."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from test_pipeline_data import MAX_DOC_BYTES, documents, mixed_input, near_copy, write_jsonl
 
-from dedup import deduplicate
-from pipeline.cli import main
-from pipeline.format import SOURCE_COLUMN, Corpus
-from pipeline.job import STAGES, DedupConfig, DedupError, job_stages, run_dedup
+from gristmill.dedup import deduplicate
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format import SOURCE_COLUMN, Corpus
+from gristmill.pipeline.job import STAGES, DedupConfig, DedupError, job_stages, run_dedup
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -156,7 +156,7 @@ def test_a_crawler_corpus_folder_is_an_input_and_its_provenance_is_kept(ray_loca
 
     import pyarrow as pa
 
-    from pipeline.format import ShardWriter
+    from gristmill.pipeline.format import ShardWriter
 
     schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("url", pa.string()), ("final_url", pa.string()),
                         ("status", pa.int32()), ("fetch_time", pa.timestamp("ms", tz="UTC")), ("domain", pa.string()),
@@ -225,7 +225,7 @@ def test_cli_reports_bad_options_clearly(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_cli_parser_accepts_every_documented_option() -> None:
-    from pipeline.commands import dedup as dedup_cmd
+    from gristmill.pipeline.commands import dedup as dedup_cmd
 
     parser = argparse.ArgumentParser()
     dedup_cmd.add_arguments(parser)
@@ -239,7 +239,7 @@ def test_cli_parser_accepts_every_documented_option() -> None:
 
 def test_sizes_take_units_on_the_command_line_and_in_the_job_file(
         tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.commands import dedup as dedup_cmd
+    from gristmill.pipeline.commands import dedup as dedup_cmd
 
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
     parser = argparse.ArgumentParser()

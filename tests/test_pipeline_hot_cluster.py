@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from test_pipeline_data import documents
 
-from dedup import deduplicate
-from pipeline.format import Corpus
-from pipeline.job import DedupConfig, run_dedup
+from gristmill.dedup import deduplicate
+from gristmill.pipeline.format import Corpus
+from gristmill.pipeline.job import DedupConfig, run_dedup
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from hot_cluster import check, hot_texts, task_rows, write_jsonl  # noqa: E402

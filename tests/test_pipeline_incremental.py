@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from test_pipeline_data import near_copy, real_texts, write_jsonl
 
-from dedup import deduplicate
-from pipeline.format import Corpus
-from pipeline.job import DedupConfig, DedupError, run_dedup
+from gristmill.dedup import deduplicate
+from gristmill.pipeline.format import Corpus
+from gristmill.pipeline.job import DedupConfig, DedupError, run_dedup
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -66,7 +66,7 @@ def test_a_chain_of_corpora_each_against_all_before_it(ray_local: None, tmp_path
 
 
 def test_against_is_repeatable_on_the_command_line_and_a_string_in_the_job_file(tmp_path: Path) -> None:
-    from pipeline.commands import dedup as dedup_cmd
+    from gristmill.pipeline.commands import dedup as dedup_cmd
 
     parser = argparse.ArgumentParser()
     dedup_cmd.add_arguments(parser)
@@ -88,7 +88,7 @@ def test_against_is_repeatable_on_the_command_line_and_a_string_in_the_job_file(
 
 
 def test_the_key_space_refuses_to_overflow(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from pipeline.job import inputs, keys
+    from gristmill.pipeline.job import inputs, keys
 
     assert keys.max_splits() == 2**31 and keys.max_split_rows() == 2**32
     keys.check_split_count(2**31 - 5, 5)
@@ -112,9 +112,9 @@ def test_the_key_space_refuses_to_overflow(monkeypatch: pytest.MonkeyPatch, tmp_
 def _earlier_index(url: str, texts: list[str], params: Any, sorted_files: bool) -> None:
     """An earlier corpus holding only a signature index of ``texts`` (as ``gristmill serve --export``
     writes one): sorted with band files, or as indexes were written before band files."""
-    from dedup import band_hashes, content_hashes
-    from pipeline.format import CORPUS_SCHEMA, write_manifest
-    from pipeline.format.signature_index import SignatureTable, params_to_dict, write_index
+    from gristmill.dedup import band_hashes, content_hashes
+    from gristmill.pipeline.format import CORPUS_SCHEMA, write_manifest
+    from gristmill.pipeline.format.signature_index import SignatureTable, params_to_dict, write_index
 
     signatures = params.hasher().signatures(texts)
     table = SignatureTable([f"old{i}" for i in range(len(texts))], content_hashes(texts),
@@ -133,8 +133,8 @@ def test_an_incremental_run_reads_only_what_its_documents_can_match(
         ray_local: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A small input against a large sorted earlier index reads a small part of it, and decides exactly
     what reading the whole index (an index written before band files) decides."""
-    from pipeline.format import signature_index
-    from pipeline.job.config import index_params
+    from gristmill.pipeline.format import signature_index
+    from gristmill.pipeline.job.config import index_params
 
     rng = random.Random(11)
     words = [f"w{i}" for i in range(4000)]
@@ -177,8 +177,8 @@ def test_an_incremental_run_reads_only_what_its_documents_can_match(
 
 def test_an_index_file_is_sorted_with_a_band_file_that_names_its_rows(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.format import Corpus, CorpusError, signature_index
-    from pipeline.format.sorted_parquet import groups_holding
+    from gristmill.pipeline.format import Corpus, CorpusError, signature_index
+    from gristmill.pipeline.format.sorted_parquet import groups_holding
 
     rng = np.random.default_rng(3)
     n, width = 1000, 4

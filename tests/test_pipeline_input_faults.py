@@ -16,9 +16,9 @@ import s3fs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.commands import dedup as dedup_command
-from pipeline.job import DedupConfig, DedupError
-from pipeline.job.inputs import (
+from gristmill.pipeline.commands import dedup as dedup_command
+from gristmill.pipeline.job import DedupConfig, DedupError
+from gristmill.pipeline.job.inputs import (
     Doc,
     InputUnreadable,
     ReadOptions,
@@ -31,7 +31,7 @@ from pipeline.job.inputs import (
     read_piece,
     resolve_inputs,
 )
-from pipeline.job.plan import claim_folders
+from gristmill.pipeline.job.plan import claim_folders
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from shaped_store import ShapedStore  # noqa: E402

@@ -12,7 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 from test_pipeline_data import MAX_DOC_BYTES, mixed_input
 
-from pipeline.job.inputs import InputError, ReadOptions, Reject, plan_splits, read_file, resolve_inputs
+from gristmill.pipeline.job.inputs import (
+    InputError,
+    ReadOptions,
+    Reject,
+    plan_splits,
+    read_file,
+    resolve_inputs,
+)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.format import Corpus
-from pipeline.job import DedupConfig, run_dedup
+from gristmill.pipeline.format import Corpus
+from gristmill.pipeline.job import DedupConfig, run_dedup
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from pipeline.format import Corpus
+from gristmill.pipeline.format import Corpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from private_nodes import PrivateNodes, private_nodes  # noqa: E402

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import s3fs
 
-from pipeline.format import Corpus
-from pipeline.job import DedupConfig, run_dedup, workdir
+from gristmill.pipeline.format import Corpus
+from gristmill.pipeline.job import DedupConfig, run_dedup, workdir
 from tests.test_pipeline_data import documents, write_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

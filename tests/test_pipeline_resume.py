@@ -17,8 +17,8 @@ import pytest
 from sessions import kill_session
 from test_pipeline_data import documents, write_jsonl
 
-from pipeline.format import Corpus
-from pipeline.job import DedupConfig, run_dedup
+from gristmill.pipeline.format import Corpus
+from gristmill.pipeline.job import DedupConfig, run_dedup
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ SPLIT_BYTES, PARTITIONS = 20_000, 3
 
 
 def _start(inputs: Path, out: Path, address: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "pipeline.cli", "dedup", str(inputs), "-o", str(out), "--split-bytes",
+    command = [sys.executable, "-m", "gristmill.pipeline.cli", "dedup", str(inputs), "-o", str(out), "--split-bytes",
                str(SPLIT_BYTES), "--num-partitions", str(PARTITIONS), "--ray-address", address]
     return subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -16,11 +16,11 @@ import pyarrow.compute as pc
 import pytest
 from test_pipeline_data import documents, write_jsonl
 
-from pipeline.format import Corpus
-from pipeline.job import DedupConfig, DedupError, run_dedup
-from pipeline.job.datasets import EXACT_IN, EXACT_IN_SCHEMA, Shuffled
-from pipeline.job.spill import ExternalSort
-from pipeline.job.workdir import WorkDir
+from gristmill.pipeline.format import Corpus
+from gristmill.pipeline.job import DedupConfig, DedupError, run_dedup
+from gristmill.pipeline.job.datasets import EXACT_IN, EXACT_IN_SCHEMA, Shuffled
+from gristmill.pipeline.job.spill import ExternalSort
+from gristmill.pipeline.job.workdir import WorkDir
 
 pytestmark = pytest.mark.timeout(300)
 

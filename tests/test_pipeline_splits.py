@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_pipeline_data import documents
 
-from pipeline.cli import main
-from pipeline.format import SOURCE_COLUMN, Corpus
-from pipeline.job import DedupConfig, run_dedup
-from pipeline.job.inputs import (
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format import SOURCE_COLUMN, Corpus
+from gristmill.pipeline.job import DedupConfig, run_dedup
+from gristmill.pipeline.job.inputs import (
     SPLIT_MAX_PIECES,
     Doc,
     InputFile,

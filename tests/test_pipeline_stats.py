@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.format import Corpus, CorpusError
-from pipeline.format.schemas import STATS_SCHEMA
-from pipeline.format.stats_table import TOP_KEYS, full_stats
-from pipeline.job import DedupConfig, run_dedup
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format import Corpus, CorpusError
+from gristmill.pipeline.format.schemas import STATS_SCHEMA
+from gristmill.pipeline.format.stats_table import TOP_KEYS, full_stats
+from gristmill.pipeline.job import DedupConfig, run_dedup
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -41,7 +41,7 @@ def _many_domains(root: Path) -> dict[str, int]:
 
 def test_fifty_thousand_domains_keep_the_manifest_small_and_stats_whole(
         ray_local: None, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.job import stats as job_stats
+    from gristmill.pipeline.job import stats as job_stats
 
     expected = _many_domains(tmp_path / "raw")
     monkeypatch.setattr(job_stats, "STATS_ROWS_PER_TASK", 40_000)  # several reduce tasks, each a file
@@ -83,7 +83,7 @@ def test_fifty_thousand_domains_keep_the_manifest_small_and_stats_whole(
 
 
 def test_an_older_corpus_without_a_table_reads_its_breakdowns_from_the_manifest(tmp_path: Path) -> None:
-    from pipeline.format import CORPUS_SCHEMA, write_manifest
+    from gristmill.pipeline.format import CORPUS_SCHEMA, write_manifest
 
     stats = {"documents": {"input": 3, "kept": 3}, "by_domain": {"a": {"input": 2}, "b": {"input": 1}}}
     (tmp_path / "old").mkdir()
@@ -94,7 +94,7 @@ def test_an_older_corpus_without_a_table_reads_its_breakdowns_from_the_manifest(
 def test_a_stats_table_path_outside_the_corpus_is_refused(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
-    from pipeline.format import CORPUS_SCHEMA, write_manifest
+    from gristmill.pipeline.format import CORPUS_SCHEMA, write_manifest
 
     pq.write_table(STATS_SCHEMA.empty_table(), tmp_path / "elsewhere.parquet")
     (tmp_path / "c").mkdir()

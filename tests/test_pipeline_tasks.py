@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.job import DedupConfig
-from pipeline.job.config import index_params
-from pipeline.job.inputs import InputFile, plan_splits
-from pipeline.job.tasks import Job, make_runner, task_arguments
-from pipeline.job.workdir import WorkDir
+from gristmill.pipeline.job import DedupConfig
+from gristmill.pipeline.job.config import index_params
+from gristmill.pipeline.job.inputs import InputFile, plan_splits
+from gristmill.pipeline.job.tasks import Job, make_runner, task_arguments
+from gristmill.pipeline.job.workdir import WorkDir
 
 pytestmark = pytest.mark.timeout(240)
 

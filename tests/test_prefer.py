@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_pipeline_data import near_copy
 
-from dedup.cluster import survivors
-from pipeline.cli import main
-from pipeline.format import Corpus
-from pipeline.job import DedupConfig, DedupError, run_dedup
-from pipeline.job.prefer import LAST, canonical_key, number_keys, parse_preference
+from gristmill.dedup.cluster import survivors
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format import Corpus
+from gristmill.pipeline.job import DedupConfig, DedupError, run_dedup
+from gristmill.pipeline.job.prefer import LAST, canonical_key, number_keys, parse_preference
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -160,7 +160,7 @@ def test_a_bad_policy_is_refused_before_any_work(copies: Path, tmp_path: Path, c
 def test_a_job_file_may_give_the_domains_as_a_list(tmp_path: Path) -> None:
     import argparse
 
-    from pipeline.commands import dedup as dedup_cmd
+    from gristmill.pipeline.commands import dedup as dedup_cmd
 
     parser = argparse.ArgumentParser()
     dedup_cmd.add_arguments(parser)
@@ -256,8 +256,8 @@ def test_generated_quality_columns_give_the_same_survivors_with_one_split_and_ma
 
 
 def test_the_column_check_reads_a_parquet_footer_or_the_first_jsonl_records(copies: Path, tmp_path: Path) -> None:
-    from pipeline.job.inputs import resolve_inputs
-    from pipeline.job.prefer import check_input_column
+    from gristmill.pipeline.job.inputs import resolve_inputs
+    from gristmill.pipeline.job.prefer import check_input_column
 
     lines = [json.dumps({"text": f"t{i}", **({"stars": 4} if i == 7 else {})}) for i in range(20)]
     (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")

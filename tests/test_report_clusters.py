@@ -11,11 +11,24 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
-from pipeline.commands import clusters as clusters_cmd
-from pipeline.format import CORPUS_SCHEMA, REMOVED_SCHEMA, SOURCE_COLUMN, Corpus, CorpusError, ShardWriter
-from pipeline.report import cluster_text
-from pipeline.report.duplicates import find_cluster, find_clusters, load_texts, open_removed, similarity_grid
-from pipeline.report.html_report import (
+from gristmill.pipeline.commands import clusters as clusters_cmd
+from gristmill.pipeline.format import (
+    CORPUS_SCHEMA,
+    REMOVED_SCHEMA,
+    SOURCE_COLUMN,
+    Corpus,
+    CorpusError,
+    ShardWriter,
+)
+from gristmill.pipeline.report import cluster_text
+from gristmill.pipeline.report.duplicates import (
+    find_cluster,
+    find_clusters,
+    load_texts,
+    open_removed,
+    similarity_grid,
+)
+from gristmill.pipeline.report.html_report import (
     ReportData,
     _nice_step,
     cluster_size_bins,
@@ -248,7 +261,7 @@ def test_side_by_side_marks_moved_paragraphs_once_per_side() -> None:
 
 
 def test_report_command_line(dedup_output, tmp_path, capsys) -> None:
-    from pipeline.report.html_report import main
+    from gristmill.pipeline.report.html_report import main
 
     corpus_url, removed_url = dedup_output
     target = tmp_path / "out.html"
@@ -260,7 +273,7 @@ def test_report_command_line(dedup_output, tmp_path, capsys) -> None:
 def test_progress_lines_off_a_terminal_and_none_when_quiet() -> None:
     import io
 
-    from pipeline.report.progress import Progress
+    from gristmill.pipeline.report.progress import Progress
 
     log = io.StringIO()  # not a terminal: plain lines, here every update (every=0)
     with Progress("clusters: removed rows scanned", 200, "rows", stream=log, every=0) as progress:
@@ -276,7 +289,7 @@ def test_progress_lines_off_a_terminal_and_none_when_quiet() -> None:
 
 
 def test_length_histograms_sample_row_groups_spread_over_the_corpus(tmp_path, monkeypatch) -> None:
-    from pipeline.report import html_report
+    from gristmill.pipeline.report import html_report
 
     url = str(tmp_path / "many")
     with ShardWriter(url, CORPUS_SCHEMA, row_group_bytes=2048, shard_bytes=8192) as writer:
@@ -299,8 +312,8 @@ def test_length_histograms_sample_row_groups_spread_over_the_corpus(tmp_path, mo
 
 
 def test_crawl_outcomes_come_from_the_crawled_inputs_manifests(tmp_path) -> None:
-    from pipeline.format import RAW_CRAWL_SCHEMA
-    from pipeline.report.html_report import _crawl_outcomes
+    from gristmill.pipeline.format import RAW_CRAWL_SCHEMA
+    from gristmill.pipeline.report.html_report import _crawl_outcomes
 
     crawls = []
     for name, outcomes in (("crawl-a", {"ok": 5, "http_404": 2}), ("crawl-b", {"ok": 3, "robots": 4})):

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_report_clusters import ORIGINAL, _row, run_cli
 
-from pipeline.cli import main
-from pipeline.format import CORPUS_SCHEMA, REMOVED_SCHEMA, ShardWriter
-from pipeline.report.terminal import terminal_safe
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format import CORPUS_SCHEMA, REMOVED_SCHEMA, ShardWriter
+from gristmill.pipeline.report.terminal import terminal_safe
 
 UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 CONTROLS = st.sampled_from(["\x1b[2J", "\x1b]0;owned\x07", "\x9b31m", "\r", "\x08\x08", "\u202e", "\x00", "\x7f",

@@ -24,10 +24,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pipeline.cli import main
-from pipeline.format.signature_index import IndexParams, SignatureTable, load_index, write_index
-from pipeline.service.client import AsyncDedupClient, DedupClient, ServiceError
-from pipeline.service.server import DedupService, LogError
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format.signature_index import IndexParams, SignatureTable, load_index, write_index
+from gristmill.pipeline.service.client import AsyncDedupClient, DedupClient, ServiceError
+from gristmill.pipeline.service.server import DedupService, LogError
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = [f"w{i}" for i in range(5000)]
@@ -64,7 +64,7 @@ def start_server(state: Path, *args: str, env: dict[str, str] | None = None,
     stderr_path = state.parent / f"{state.name}-stderr.txt"
     with open(stderr_path, "ab") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "serve", "--port", "0", "--state", str(state), *args],
+            [sys.executable, "-m", "gristmill.pipeline.cli", "serve", "--port", "0", "--state", str(state), *args],
             cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True,
             env={**os.environ, **(env or {})}, preexec_fn=preexec_fn,
         )
@@ -286,8 +286,8 @@ def test_log_written_with_other_parameters_is_refused(tmp_path: Path) -> None:
 def test_serves_an_index_and_exports_one_that_loads_back(tmp_path: Path) -> None:
     p = params()
     hasher = p.hasher()
-    from dedup.lsh import band_hashes
-    from dedup.normalize import content_hashes
+    from gristmill.dedup.lsh import band_hashes
+    from gristmill.dedup.normalize import content_hashes
 
     texts = [text(200 + i) for i in range(5)]
     sigs = hasher.signatures(texts)
@@ -316,9 +316,9 @@ def test_serves_an_index_and_exports_one_that_loads_back(tmp_path: Path) -> None
     assert np.array_equal(table.signatures[row["new-1"]], hasher.signatures([text(300)])[0])
 
     # the batch job's own --against code accepts the export (checks the parameters, reads the files)
-    from pipeline.job.config import DedupConfig, index_params
-    from pipeline.job.plan import against_index_files
-    from pipeline.job.read import read_index_file
+    from gristmill.pipeline.job.config import DedupConfig, index_params
+    from gristmill.pipeline.job.plan import against_index_files
+    from gristmill.pipeline.job.read import read_index_file
 
     config = DedupConfig(inputs=[], output=str(tmp_path / "next"), against=str(tmp_path / "out"), num_perm=64,
                          ngram=3, bands=8, rows=8, seed=7, threshold=0.7)
@@ -332,7 +332,7 @@ def test_export_replaces_only_an_earlier_export(tmp_path: Path, capsys: pytest.C
     holding a corpus or someone's files is refused before the index is even loaded."""
     import pyarrow as pa
 
-    from pipeline.format import CORPUS_SCHEMA, Corpus, ShardWriter
+    from gristmill.pipeline.format import CORPUS_SCHEMA, Corpus, ShardWriter
 
     state, out = str(tmp_path / "state"), tmp_path / "out"
     for _ in range(2):

@@ -14,9 +14,9 @@ import pytest
 from aiohttp import web
 from test_service import start_server, text, variant
 
-from pipeline.cli import main
-from pipeline.format import Corpus
-from pipeline.service.client import DedupClient
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format import Corpus
+from gristmill.pipeline.service.client import DedupClient
 
 PAGES = {
     "/a": text(500),

@@ -19,9 +19,9 @@ import pytest
 from small_disk import fill, small_disk
 from test_service import start_server, text
 
-from pipeline.format.signature_index import params_for
-from pipeline.service.client import DedupClient
-from pipeline.service.server import DedupService, Doc
+from gristmill.pipeline.format.signature_index import params_for
+from gristmill.pipeline.service.client import DedupClient
+from gristmill.pipeline.service.server import DedupService, Doc
 
 GUARD_S = 60  # only so a dying server fails the test instead of hanging it; nothing is timed
 ROWS_CAPACITY = 1024  # RowStore.GROW_ROWS: the first growth of the rows file

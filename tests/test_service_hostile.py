@@ -26,10 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_service import Server, start_server, text
 
-from pipeline.cli import main
-from pipeline.format.signature_index import params_for
-from pipeline.service.client import AsyncDedupClient, DedupClient, ServiceError
-from pipeline.service.server import FINGERPRINT_SLICE_CHARS, DedupService, Doc, check_token
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format.signature_index import params_for
+from gristmill.pipeline.service.client import AsyncDedupClient, DedupClient, ServiceError
+from gristmill.pipeline.service.server import FINGERPRINT_SLICE_CHARS, DedupService, Doc, check_token
 
 GUARD_S = 60  # only so a broken server fails the test instead of hanging it; nothing is timed
 STATE_KEYS = ("documents", "added_since_base", "checked", "new", "added", "exact_duplicates",

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from test_service import Server, start_server, text, variant
 
-from pipeline.format.signature_index import params_for
-from pipeline.service.client import AsyncDedupClient, DedupClient, ServiceError
-from pipeline.service.server import DedupService, Doc
-from pipeline.service.shards import NAMESPACE, shard_name
+from gristmill.pipeline.format.signature_index import params_for
+from gristmill.pipeline.service.client import AsyncDedupClient, DedupClient, ServiceError
+from gristmill.pipeline.service.server import DedupService, Doc
+from gristmill.pipeline.service.shards import NAMESPACE, shard_name
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +148,8 @@ def test_a_killed_shard_is_restarted_and_no_acknowledged_add_is_lost(sharded: tu
 
 
 def test_export_writes_every_shard_as_one_corpus_index(sharded: tuple[Server, Path], tmp_path: Path) -> None:
-    from pipeline.cli import main
-    from pipeline.format.signature_index import load_index
+    from gristmill.pipeline.cli import main
+    from gristmill.pipeline.format.signature_index import load_index
 
     server, state = sharded
     documents = DedupClient(server.url).stats()["documents"]

@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_service import text, variant
 
-import pipeline.service.server as server_module
-import pipeline.service.snapshot as snapshot_module
-from pipeline.format.signature_index import IndexParams
-from pipeline.service.server import DedupService, Doc, StateError
-from pipeline.service.snapshot import sealed_logs, snapshots
+import gristmill.pipeline.service.server as server_module
+import gristmill.pipeline.service.snapshot as snapshot_module
+from gristmill.pipeline.format.signature_index import IndexParams
+from gristmill.pipeline.service.server import DedupService, Doc, StateError
+from gristmill.pipeline.service.snapshot import sealed_logs, snapshots
 
 PARAMS = IndexParams(num_perm=64, ngram=3, bands=8, rows=8, seed=7, threshold=0.7)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_pipeline_data import documents, write_parquet
 
-from pipeline.cli import main
+from gristmill.pipeline.cli import main
 
 pytestmark = pytest.mark.timeout(240)
 

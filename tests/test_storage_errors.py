@@ -30,7 +30,7 @@ def _gristmill(store: ShapedStore, *args: str) -> subprocess.CompletedProcess:
     """The command in a subprocess whose S3 is the proxy, with botocore's retries off (s3fs still
     retries a few times itself, with backoff) so a persistent fault ends the command soon."""
     env = dict(os.environ, AWS_ENDPOINT_URL=store.endpoint, AWS_MAX_ATTEMPTS="1", AWS_RETRY_MODE="standard")
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gristmill.pipeline.cli", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=280)
 
 

@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_pipeline_data import real_texts, write_parquet
 
-from pipeline.cli import main
-from pipeline.format import Corpus, CorpusError
-from pipeline.format.pairs_table import PairsInfo, iter_pairs
-from pipeline.report.duplicates import find_cluster, find_clusters, open_removed
-from pipeline.report.what_if import what_if
+from gristmill.pipeline.cli import main
+from gristmill.pipeline.format import Corpus, CorpusError
+from gristmill.pipeline.format.pairs_table import PairsInfo, iter_pairs
+from gristmill.pipeline.report.duplicates import find_cluster, find_clusters, open_removed
+from gristmill.pipeline.report.what_if import what_if
 
 pytestmark = pytest.mark.timeout(300)
 LEVELS = (0.95, 0.85, 0.75, 0.65)  # the Jaccard of the planted near copies to their original
@@ -177,10 +177,10 @@ def test_recut_in_batches_equals_one_union_find(tmp_path_factory: pytest.TempPat
     import numpy as np
     import pyarrow.parquet as pq
 
-    from dedup.cluster import connected_components, distinct
-    from pipeline.format import CORPUS_SCHEMA, ShardWriter
-    from pipeline.format.pairs_table import PAIRS_SCHEMA
-    from pipeline.report import what_if as module
+    from gristmill.dedup.cluster import connected_components, distinct
+    from gristmill.pipeline.format import CORPUS_SCHEMA, ShardWriter
+    from gristmill.pipeline.format.pairs_table import PAIRS_SCHEMA
+    from gristmill.pipeline.report import what_if as module
 
     monkeypatch.setattr(module, "FOLD_PAIRS", fold)
     url = tmp_path_factory.mktemp("pairs") / "c"

@@ -2,6 +2,6 @@
 
 Each defines ``add_arguments(parser)`` and ``run(args) -> int`` and imports its heavy
 dependencies (Ray, aiohttp, torch) inside ``run``, so ``gristmill CMD --help`` is fast and a missing
-extra is named when the command runs (``pipeline.cli`` imports only the chosen command's module).
+extra is named when the command runs (``gristmill.pipeline.cli`` imports only the chosen command's module).
 Helpers two commands share live in a library module both import, never in a command.
 """

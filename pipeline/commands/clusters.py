@@ -2,8 +2,8 @@
 ``--what-if T``: the funnel recut at another threshold from the job's stored candidate pairs.
 
 Listing and showing need the job's removed documents (``gristmill dedup --removed``) and stream them a
-row group at a time (:mod:`pipeline.report.duplicates`); the text layout is
-:mod:`pipeline.report.cluster_text`, the what-if :mod:`pipeline.report.what_if`.
+row group at a time (:mod:`gristmill.pipeline.report.duplicates`); the text layout is
+:mod:`gristmill.pipeline.report.cluster_text`, the what-if :mod:`gristmill.pipeline.report.what_if`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import sys
 
 import pyarrow as pa
 
-from pipeline.commands import options
-from pipeline.format import Corpus, CorpusError
-from pipeline.report.terminal import terminal_safe
+from gristmill.pipeline.commands import options
+from gristmill.pipeline.format import Corpus, CorpusError
+from gristmill.pipeline.report.terminal import terminal_safe
 
 
 def threshold(text: str) -> float:
@@ -57,13 +57,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pipeline.report.cluster_text import cluster_summary, render_cluster, render_list
-    from pipeline.report.duplicates import find_cluster, find_clusters, load_texts, open_removed
-    from pipeline.report.progress import Progress
+    from gristmill.pipeline.report.cluster_text import cluster_summary, render_cluster, render_list
+    from gristmill.pipeline.report.duplicates import find_cluster, find_clusters, load_texts, open_removed
+    from gristmill.pipeline.report.progress import Progress
 
     corpus = Corpus.open(args.corpus)
     if args.what_if is not None:
-        from pipeline.report.what_if import render_what_if, what_if
+        from gristmill.pipeline.report.what_if import render_what_if, what_if
 
         result = what_if(corpus, args.what_if, quiet=args.quiet)
         print(terminal_safe(json.dumps(result, indent=2) if args.json else render_what_if(result)))

@@ -1,7 +1,7 @@
 """``gristmill crawl SEEDS -o OUT``: crawl seed URLs or sitemaps into raw corpus shards; re-run to resume.
 
 The crawler (``crawlers/``) knows nothing of the dedup service; with ``--dedup-service`` this command
-plugs the service in as the crawl's duplicate oracle (:mod:`pipeline.service.oracle`).
+plugs the service in as the crawl's duplicate oracle (:mod:`gristmill.pipeline.service.oracle`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from crawlers.config import CrawlConfig
-from pipeline.commands import options
-from pipeline.service.client import TOKEN_ENV
+from gristmill.crawlers.config import CrawlConfig
+from gristmill.pipeline.commands import options
+from gristmill.pipeline.service.client import TOKEN_ENV
 
 if TYPE_CHECKING:
-    from crawlers.config import CrawlSummary
+    from gristmill.crawlers.config import CrawlSummary
 
 MAX_BODY_BYTES = CrawlConfig.max_body_bytes
 USER_AGENT = CrawlConfig.user_agent
@@ -122,11 +122,11 @@ def read_seeds(path: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from crawlers.crawler import crawl
-    from crawlers.locks import StateInUse
-    from crawlers.output import check_output_folder
-    from crawlers.partitioned import check_partitions, state_root
-    from pipeline.service.oracle import ServiceOracle
+    from gristmill.crawlers.crawler import crawl
+    from gristmill.crawlers.locks import StateInUse
+    from gristmill.crawlers.output import check_output_folder
+    from gristmill.crawlers.partitioned import check_partitions, state_root
+    from gristmill.pipeline.service.oracle import ServiceOracle
 
     try:
         if args.job:

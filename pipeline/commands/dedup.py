@@ -1,8 +1,8 @@
 """``gristmill dedup INPUT... -o CORPUS``: raw documents in, a deduplicated corpus out (on Ray).
 
 Options given on the command line win over the TOML job file (``--job job.toml``), which can hold
-any key of :class:`pipeline.job.DedupConfig` at its top level or under ``[dedup]``. Sizes take units
-(``64MiB``, ``1.5GB``) on the command line and in the job file (``pipeline.commands.options``).
+any key of :class:`gristmill.pipeline.job.DedupConfig` at its top level or under ``[dedup]``. Sizes take units
+(``64MiB``, ``1.5GB``) on the command line and in the job file (``gristmill.pipeline.commands.options``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import signal
 import sys
 from typing import Any
 
-from pipeline.report.terminal import terminal_safe
+from gristmill.pipeline.report.terminal import terminal_safe
 
 # Command-line options that map one to one onto DedupConfig fields.
 _OPTIONS = ("threshold", "num_perm", "ngram", "bands", "rows", "seed", "text_column", "id_column",
@@ -24,8 +24,8 @@ _OPTIONS = ("threshold", "num_perm", "ngram", "bands", "rows", "seed", "text_col
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipeline.commands import options
-    from pipeline.job.config import DedupConfig
+    from gristmill.pipeline.commands import options
+    from gristmill.pipeline.job.config import DedupConfig
 
     defaults = DedupConfig(inputs=[], output="")
 
@@ -106,7 +106,7 @@ def _table(value: Any) -> dict[str, Any]:
 
 def _job_only() -> dict[str, Any]:
     """Job-file keys beyond the flags: fsspec options for every URL, and ``prefer`` as a ranked list."""
-    from pipeline.commands.options import JobKey
+    from gristmill.pipeline.commands.options import JobKey
 
     return {"storage_options": JobKey("a table of fsspec options", _table),
             "prefer": JobKey("text, or a list of domains as text", _text_or_texts)}
@@ -117,10 +117,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
     The job file is checked by the same typed schema as crawl's and serve's (``options.apply_job_file``:
     the parser's types), so ``num_perm = "128"`` is an error naming the key and the type it needs.
-    ``args`` comes from ``pipeline.cli`` (which records the parser and the command's own tokens).
+    ``args`` comes from ``gristmill.pipeline.cli`` (which records the parser and the command's own tokens).
     """
-    from pipeline.commands import options
-    from pipeline.job import DedupConfig, DedupError
+    from gristmill.pipeline.commands import options
+    from gristmill.pipeline.job import DedupConfig, DedupError
 
     if args.job:
         options.apply_job_file(args._parser, args, args.job, "dedup", args._argv, _job_only())
@@ -145,12 +145,12 @@ def config_from_args(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     import ray
 
-    from pipeline.commands import options
-    from pipeline.format import CorpusError
-    from pipeline.job import DedupError, job_stages, run_dedup
-    from pipeline.job.inputs import InputError
-    from pipeline.report.progress import StageProgress
-    from pipeline.report.stats_text import render
+    from gristmill.pipeline.commands import options
+    from gristmill.pipeline.format import CorpusError
+    from gristmill.pipeline.job import DedupError, job_stages, run_dedup
+    from gristmill.pipeline.job.inputs import InputError
+    from gristmill.pipeline.report.progress import StageProgress
+    from gristmill.pipeline.report.stats_text import render
 
     ray_was_up = ray.is_initialized()  # a caller's Ray (tests, a notebook) stays up
     try:
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _stop_ray(ray: Any) -> None:
     """Stop the Ray this command started or joined, here rather than at exit: an interrupted run ends
-    with ``os._exit`` (``pipeline.cli``), which skips Ray's own exit hook. Deaf to Ctrl-C, which users
+    with ``os._exit`` (``gristmill.pipeline.cli``), which skips Ray's own exit hook. Deaf to Ctrl-C, which users
     press again, and which inside Ray's shutdown prints a traceback and leaves its processes running."""
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -188,8 +188,8 @@ def _why_empty(stats: dict[str, Any], config: Any) -> str | None:
     """Why the run produced nothing, when every input record was rejected or there were none; None when
     it kept or removed something. The command then exits 1: exit 0 would let a script carry on with an
     empty corpus, and the reasons would stay hidden in the rejects file."""
-    from pipeline.format import Corpus
-    from pipeline.report.rejects import rejects_path, render_tally, tally, text_field_hint
+    from gristmill.pipeline.format import Corpus
+    from gristmill.pipeline.report.rejects import rejects_path, render_tally, tally, text_field_hint
 
     documents = stats["documents"]
     if documents["input"] != documents["rejected"]:

@@ -1,5 +1,5 @@
 """``gristmill gc CORPUS``: remove now the files earlier manifests listed, which a commit keeps for the
-readers that opened those manifests (``pipeline.format.gc``); prints each file removed and the bytes freed."""
+readers that opened those manifests (``gristmill.pipeline.format.gc``); prints each file removed and the bytes freed."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import json
 import sys
 import uuid
 
-from pipeline.commands import options
+from gristmill.pipeline.commands import options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipeline.format.gc import GRACE_SECONDS
+    from gristmill.pipeline.format.gc import GRACE_SECONDS
 
     parser.add_argument("corpus", help="corpus folder or URL (local path, s3://, memory://)")
     parser.add_argument("--now", action="store_true",
@@ -22,9 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.format import Corpus, CorpusError, acquire_leases, release_leases, retire_unlisted
-    from pipeline.format.gc import GRACE_SECONDS
-    from pipeline.report.stats_text import human_bytes
+    from gristmill.pipeline.format import Corpus, CorpusError, acquire_leases, release_leases, retire_unlisted
+    from gristmill.pipeline.format.gc import GRACE_SECONDS
+    from gristmill.pipeline.report.stats_text import human_bytes
 
     try:
         corpus = Corpus.open(args.corpus)

@@ -3,7 +3,7 @@
 For a Hugging Face dataset, datatrove or Spark output, or any folder of Parquet files with a ``text``
 column: every file is checked (a readable footer, a string text column, one schema) and a manifest
 listing them is committed beside them, so ``StreamingLoader`` and ``gristmill inspect`` read the
-folder (``pipeline.format.existing``).
+folder (``gristmill.pipeline.format.existing``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from pipeline.commands import options
+from gristmill.pipeline.commands import options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,9 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.format import CorpusError
-    from pipeline.format.existing import index_parquet
-    from pipeline.report.stats_text import human_bytes
+    from gristmill.pipeline.format import CorpusError
+    from gristmill.pipeline.format.existing import index_parquet
+    from gristmill.pipeline.report.stats_text import human_bytes
 
     try:
         manifest = index_parquet(args.folder, replace=args.replace)

@@ -7,15 +7,15 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from pipeline.commands import options
-from pipeline.report.progress import LINE_SECONDS, Progress
-from pipeline.report.stats_text import human_bytes
-from pipeline.report.terminal import terminal_safe
+from gristmill.pipeline.commands import options
+from gristmill.pipeline.report.progress import LINE_SECONDS, Progress
+from gristmill.pipeline.report.stats_text import human_bytes
+from gristmill.pipeline.report.terminal import terminal_safe
 
 PROGRESS_SECONDS = LINE_SECONDS  # between plain progress lines when stderr is not a terminal
 
 if TYPE_CHECKING:  # numpy and pyarrow are imported when the command runs: `inspect --help` stays quick
-    from pipeline.format import Corpus, VerifyResult
+    from gristmill.pipeline.format import Corpus, VerifyResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +99,7 @@ def render(summary: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.format import Corpus, CorpusError
+    from gristmill.pipeline.format import Corpus, CorpusError
 
     try:
         corpus = Corpus.open(args.corpus)

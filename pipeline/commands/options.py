@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.format.sizes import UNITS, parse_size
+from gristmill.pipeline.format.sizes import UNITS, parse_size
 
 
 def size(text: str) -> int:

@@ -18,10 +18,10 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from pipeline.commands import options
-from pipeline.format import REJECT_KINDS, Corpus, CorpusError
-from pipeline.report.rejects import reject_batches, rejects_path, render_tally, tally
-from pipeline.report.terminal import terminal_safe
+from gristmill.pipeline.commands import options
+from gristmill.pipeline.format import REJECT_KINDS, Corpus, CorpusError
+from gristmill.pipeline.report.rejects import reject_batches, rejects_path, render_tally, tally
+from gristmill.pipeline.report.terminal import terminal_safe
 
 _FIELDS = ("source", "position", "kind", "reason", "bytes", "count", "origin")
 

@@ -9,8 +9,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from pipeline.commands import options
-from pipeline.service.client import TOKEN_ENV
+from gristmill.pipeline.commands import options
+from gristmill.pipeline.service.client import TOKEN_ENV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +67,7 @@ def _say(args: argparse.Namespace, text: str, **fields: Any) -> None:
 
 def _token(args: argparse.Namespace) -> str | None:
     """The bearer token from ``--token-file`` or the environment; a blank one is an error, not "no token"."""
-    from pipeline.service.server import check_token
+    from gristmill.pipeline.service.server import check_token
 
     if args.token_file:
         try:
@@ -82,8 +82,8 @@ def _token(args: argparse.Namespace) -> str | None:
 
 def _export(args: argparse.Namespace, params: Any) -> int:
     """Write every document of the state (each shard's in turn, one open at a time) as a corpus index."""
-    from pipeline.format.signature_index import write_index
-    from pipeline.service.server import DedupService
+    from gristmill.pipeline.format.signature_index import write_index
+    from gristmill.pipeline.service.server import DedupService
 
     folders = ([args.state_dir] if args.shards == 1
                else [os.path.join(args.state_dir, f"shard-{k}") for k in range(args.shards)])
@@ -118,10 +118,16 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import signal
 
-    from pipeline.format import CorpusError
-    from pipeline.format.signature_index import check_export_folder, params_for
-    from pipeline.service.columns import return_freed_memory
-    from pipeline.service.server import DedupService, LogError, StateError, check_bind, serve_forever
+    from gristmill.pipeline.format import CorpusError
+    from gristmill.pipeline.format.signature_index import check_export_folder, params_for
+    from gristmill.pipeline.service.columns import return_freed_memory
+    from gristmill.pipeline.service.server import (
+        DedupService,
+        LogError,
+        StateError,
+        check_bind,
+        serve_forever,
+    )
 
     return_freed_memory()  # process-wide allocator settings: the serving process is ours alone
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
@@ -149,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             import ray
 
-            from pipeline.service.shards import ShardedService
+            from gristmill.pipeline.service.shards import ShardedService
 
             ray.init(address=args.ray_address, include_dashboard=False, logging_level="ERROR",
                      log_to_driver=False)

@@ -1,9 +1,9 @@
 """``gristmill stats CORPUS``: a corpus's dedup statistics, readably or as JSON.
 
 The totals come from the manifest and every breakdown in full from the statistics table beside the
-corpus (``pipeline.format.stats_table``; older corpora kept them in the manifest). ``--html FILE``
+corpus (``gristmill.pipeline.format.stats_table``; older corpora kept them in the manifest). ``--html FILE``
 also writes the same statistics as a self-contained HTML page with charts
-(``pipeline.report.html_report.write_report``). A raw crawl (written by ``gristmill crawl``) has no
+(``gristmill.pipeline.report.html_report.write_report``). A raw crawl (written by ``gristmill crawl``) has no
 funnel yet: for one, ``stats`` says what it is and what to run next.
 """
 
@@ -14,11 +14,11 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from pipeline.commands import options
-from pipeline.report.terminal import terminal_safe
+from gristmill.pipeline.commands import options
+from gristmill.pipeline.report.terminal import terminal_safe
 
 if TYPE_CHECKING:  # pyarrow is imported when the command runs, so `gristmill stats --help` is quick
-    from pipeline.format import Corpus
+    from gristmill.pipeline.format import Corpus
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +37,8 @@ def describe_raw_crawl(corpus: Corpus, quiet: bool = True) -> dict[str, Any] | N
     cannot be read."""
     import pyarrow.compute as pc
 
-    from pipeline.format import CorpusError
-    from pipeline.report.progress import Progress
+    from gristmill.pipeline.format import CorpusError
+    from gristmill.pipeline.report.progress import Progress
 
     crawl = corpus.stats.get("crawl")
     if not isinstance(crawl, dict) or "documents" in corpus.stats:
@@ -69,9 +69,9 @@ def render_raw_crawl(corpus_url: str, summary: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.format import Corpus, CorpusError
-    from pipeline.format.stats_table import full_stats
-    from pipeline.report.stats_text import render
+    from gristmill.pipeline.format import Corpus, CorpusError
+    from gristmill.pipeline.format.stats_table import full_stats
+    from gristmill.pipeline.report.stats_text import render
 
     try:
         corpus = Corpus.open(args.corpus)
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(terminal_safe(json.dumps(stats, indent=2) if args.json else render(stats)))
     if args.html:
-        from pipeline.report.html_report import write_report
+        from gristmill.pipeline.report.html_report import write_report
 
         try:  # the similarity chart comes from the removed corpus the manifest names, when there is one
             write_report(args.corpus, args.html, quiet=args.quiet)

@@ -1,2 +1,2 @@
-"""``make demo`` (``python -m pipeline.demo``): the whole product on one machine with no network, and
+"""``make demo`` (``python -m gristmill.pipeline.demo``): the whole product on one machine with no network, and
 the demo web it crawls (``site``)."""

@@ -1,7 +1,7 @@
 """``make demo``: crawl the bundled demo web, deduplicate it on local Ray, and stream it as training batches.
 
 One command shows the whole product on a machine with no network: it serves the demo sites
-(``pipeline.demo.site``) on 127.0.0.1, crawls them with the crawler, runs the dedup job on a local
+(``gristmill.pipeline.demo.site``) on 127.0.0.1, crawls them with the crawler, runs the dedup job on a local
 Ray with two CPUs (``--prefer``: the original publishers' copies survive, not the wire's), prints
 which domains lost documents to which and the corpus's statistics and writes the HTML report, lists the largest
 duplicate clusters, trains a small BPE tokenizer on the kept text (nothing is downloaded), then
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.report.progress import StageProgress, progress_bar
+from gristmill.pipeline.report.progress import StageProgress, progress_bar
 
 # The demo's Ray is private to this machine: keep it on loopback (Ray otherwise swaps 127.0.0.1 for the
 # machine's network address). Set before anything imports Ray, which reads it once.
@@ -47,7 +47,7 @@ def _heading(step: int, text: str) -> None:
 # -- 1-2: the site and the crawl -------------------------------------------------------------------
 def crawl_demo_site(site: Any, raw: Path) -> dict[str, Any]:
     """Crawl every demo site into ``raw`` (a raw corpus); returns the crawl summary."""
-    import crawlers
+    from gristmill import crawlers
 
     pages = sum(page.kind not in ("robots", "sitemap") for _, page in site.pages())
     bar = progress_bar(total=pages, unit="page", desc="crawl")
@@ -80,8 +80,8 @@ def deduplicate(raw: Path, corpus: Path, removed: Path, publishers: Path) -> dic
     returns the statistics it stored in the manifest."""
     import ray
 
-    from pipeline.cli import quiet_third_party_warnings
-    from pipeline.job import DedupConfig, job_stages, run_dedup
+    from gristmill.pipeline.cli import quiet_third_party_warnings
+    from gristmill.pipeline.job import DedupConfig, job_stages, run_dedup
 
     if not ray.is_initialized():
         quiet_third_party_warnings()
@@ -103,12 +103,12 @@ def deduplicate(raw: Path, corpus: Path, removed: Path, publishers: Path) -> dic
 # -- 4: statistics, report, clusters ---------------------------------------------------------------
 def show_statistics(corpus_url: str, report_path: Path) -> dict[str, Any]:
     """Print the statistics and the largest clusters, write the HTML report; returns the checks made."""
-    from pipeline.format import SOURCE_COLUMN, Corpus
-    from pipeline.report.cluster_text import render_list
-    from pipeline.report.duplicates import find_clusters, open_removed
-    from pipeline.report.html_report import write_report
-    from pipeline.report.stats_text import render
-    from pipeline.report.what_if import render_what_if, what_if
+    from gristmill.pipeline.format import SOURCE_COLUMN, Corpus
+    from gristmill.pipeline.report.cluster_text import render_list
+    from gristmill.pipeline.report.duplicates import find_clusters, open_removed
+    from gristmill.pipeline.report.html_report import write_report
+    from gristmill.pipeline.report.stats_text import render
+    from gristmill.pipeline.report.what_if import render_what_if, what_if
 
     corpus = Corpus.open(corpus_url)
     _say(render(corpus.stats))
@@ -142,7 +142,7 @@ def train_tokenizer(corpus_url: str, path: Path, vocab_size: int = 2000) -> None
     """A byte-level BPE trained on the kept text: real subword tokens without downloading a model."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from pipeline.format import Corpus
+    from gristmill.pipeline.format import Corpus
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -160,8 +160,8 @@ def stream_epoch(corpus_url: str, tokenizer_path: Path, batch_size: int, seq_len
     import numpy as np
     from tokenizers import Tokenizer
 
-    from loaders import StreamingLoader
-    from loaders.tokenizers import FileTokenizer
+    from gristmill.loaders import StreamingLoader
+    from gristmill.loaders.tokenizers import FileTokenizer
 
     tokenizer = FileTokenizer(str(tokenizer_path), eos_token=EOS)
     loader = StreamingLoader(corpus_url, batch_size=batch_size, seq_len=seq_len, tokenizer=tokenizer, seed=0,
@@ -200,8 +200,8 @@ def resume_check(corpus_url: str, tokenizer_path: Path, batch_size: int, seq_len
     """Stop after ``stop_after`` batches, checkpoint, restore into a fresh loader: is the next batch the same?"""
     import numpy as np
 
-    from loaders import StreamingLoader
-    from loaders.tokenizers import FileTokenizer
+    from gristmill.loaders import StreamingLoader
+    from gristmill.loaders.tokenizers import FileTokenizer
 
     def make() -> Any:
         return StreamingLoader(corpus_url, batch_size=batch_size, seq_len=seq_len, seed=0, pad_id=0,
@@ -248,7 +248,7 @@ def show_training_view(seen: dict[str, Any], resumed: dict[str, Any], batch_size
 # -- the whole demo --------------------------------------------------------------------------------
 def run_demo(output: Path, batch_size: int = 8, seq_len: int = 256) -> dict[str, Any]:
     """Every step; returns (and writes to ``output/summary.json``) what each produced."""
-    from pipeline.demo.site.server import serving
+    from gristmill.pipeline.demo.site.server import serving
 
     output = output.resolve()
     paths = {name: output / name for name in ("raw", "corpus", "removed")}
@@ -310,7 +310,7 @@ def run_demo(output: Path, batch_size: int = 8, seq_len: int = 256) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gristmill.pipeline.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=OUTPUT, help=f"where to write everything (default {OUTPUT}/)")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default 8)")
     parser.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")

@@ -10,10 +10,10 @@ layering in DESIGN.md: it imports nothing of ours but ``dedup``, and neither Ray
 loader and the crawler can use it cheaply. The names below are the contract most callers need.
 """
 
-from pipeline.format.blocks import BlockTable, RowGroupInfo, RowGroups
-from pipeline.format.gc import retire_unlisted
-from pipeline.format.lease import Lease, LeaseHeld, acquire_leases, release_leases
-from pipeline.format.manifest import (
+from gristmill.pipeline.format.blocks import BlockTable, RowGroupInfo, RowGroups
+from gristmill.pipeline.format.gc import retire_unlisted
+from gristmill.pipeline.format.lease import Lease, LeaseHeld, acquire_leases, release_leases
+from gristmill.pipeline.format.manifest import (
     FORMAT_VERSION,
     JOB_FINGERPRINT_KEY,
     LEGACY_MANIFEST_NAME,
@@ -28,8 +28,8 @@ from pipeline.format.manifest import (
     member_path,
     write_manifest,
 )
-from pipeline.format.reader import Corpus, VerifyResult
-from pipeline.format.schemas import (
+from gristmill.pipeline.format.reader import Corpus, VerifyResult
+from gristmill.pipeline.format.schemas import (
     CORPUS_SCHEMA,
     RAW_CRAWL_SCHEMA,
     REJECT_KINDS,
@@ -40,8 +40,8 @@ from pipeline.format.schemas import (
     index_schema,
     passes_through,
 )
-from pipeline.format.storage import open_fs
-from pipeline.format.writer import ShardWriter, write_corpus
+from gristmill.pipeline.format.storage import open_fs
+from gristmill.pipeline.format.writer import ShardWriter, write_corpus
 
 __all__ = [
     "CORPUS_SCHEMA", "FORMAT_VERSION", "JOB_FINGERPRINT_KEY", "LEGACY_MANIFEST_NAME", "MANIFEST_NAME", "MANIFEST_NAMES",

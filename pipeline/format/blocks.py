@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.format.errors import CorpusError
+from gristmill.pipeline.format.errors import CorpusError
 
 BLOCKS_FOLDER = "_blocks"
 BLOCK_COLUMNS = ("shard", "group", "rows", "offset", "length")

@@ -20,12 +20,12 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.format.blocks import RowGroups
-from pipeline.format.errors import CorpusError
-from pipeline.format.manifest import Manifest, ShardInfo, has_manifest, write_manifest
-from pipeline.format.reader import Corpus, checksum_of
-from pipeline.format.storage import open_fs
-from pipeline.format.writer import check_text_column, row_group_ranges
+from gristmill.pipeline.format.blocks import RowGroups
+from gristmill.pipeline.format.errors import CorpusError
+from gristmill.pipeline.format.manifest import Manifest, ShardInfo, has_manifest, write_manifest
+from gristmill.pipeline.format.reader import Corpus, checksum_of
+from gristmill.pipeline.format.storage import open_fs
+from gristmill.pipeline.format.writer import check_text_column, row_group_ranges
 
 INDEXED_KIND = "indexed"  # ``extra.kind`` of a manifest written over existing files
 FILES_AT_ONCE = 8  # files checked (footer read, checksummed) at a time: an object store's latency overlaps

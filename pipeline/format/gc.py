@@ -22,14 +22,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.format.lease import LEASE_NAME, as_seconds
-from pipeline.format.manifest import (
+from gristmill.pipeline.format.lease import LEASE_NAME, as_seconds
+from gristmill.pipeline.format.manifest import (
     MANIFEST_NAMES,
     Manifest,
     is_owned_file,
     manifest_extra_files,
 )
-from pipeline.format.storage import is_local, naming, open_fs, write_whole
+from gristmill.pipeline.format.storage import is_local, naming, open_fs, write_whole
 
 RETIRED_NAME = "_retired.json"
 GRACE_SECONDS = 24 * 3600.0  # a reader may hold a replaced manifest's files this long after the commit

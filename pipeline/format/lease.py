@@ -40,8 +40,8 @@ from typing import Any
 import fsspec
 from fsspec.asyn import sync
 
-from pipeline.format.errors import CorpusError
-from pipeline.format.storage import is_local, naming, open_fs
+from gristmill.pipeline.format.errors import CorpusError
+from gristmill.pipeline.format.storage import is_local, naming, open_fs
 
 LEASE_NAME = "_lease.json"
 LEASE_SECONDS = 120.0  # a lease not renewed for this long holds no one: a crashed writer blocks no longer

@@ -26,9 +26,9 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from pipeline.format.blocks import BLOCKS_FOLDER, INT64_MAX, BlockTable, RowGroups, check_blocks
-from pipeline.format.errors import CorpusError
-from pipeline.format.storage import is_local, naming, open_fs, write_whole
+from gristmill.pipeline.format.blocks import BLOCKS_FOLDER, INT64_MAX, BlockTable, RowGroups, check_blocks
+from gristmill.pipeline.format.errors import CorpusError
+from gristmill.pipeline.format.storage import is_local, naming, open_fs, write_whole
 
 FORMAT_NAME = "gristmill-corpus"
 # Version 2 moved the row groups out of manifest.json into the block table sidecar (pipeline/format/blocks.py);

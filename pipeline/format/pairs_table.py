@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.format.errors import CorpusError
-from pipeline.format.manifest import PAIRS_KEY
-from pipeline.format.reader import Corpus
+from gristmill.pipeline.format.errors import CorpusError
+from gristmill.pipeline.format.manifest import PAIRS_KEY
+from gristmill.pipeline.format.reader import Corpus
 
 PAIRS_FOLDER = "_pairs"
 FLOOR_BELOW = 0.2  # pairs this far below the job's threshold are kept: room to try a lower one

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from pipeline.format.manifest import (
+from gristmill.pipeline.format.manifest import (
     CHECKSUM_ALGORITHM,
     MANIFEST_NAME,
     MANIFEST_NAMES,
@@ -27,7 +27,7 @@ from pipeline.format.manifest import (
     manifest_location,
     member_path,
 )
-from pipeline.format.storage import is_local, naming, open_fs
+from gristmill.pipeline.format.storage import is_local, naming, open_fs
 
 
 def checksum_of(fs: fsspec.AbstractFileSystem, path: str, chunk_bytes: int = 8 * 1024 * 1024) -> str:
@@ -73,7 +73,7 @@ def how_to_make_one(folder: str) -> str:
     """The two ways to make a corpus of Parquet files, for errors about a folder without a manifest."""
     return (f"To stream Parquet files as they are, index them: `gristmill index {folder}` (writes a manifest, "
             f"rewrites nothing); or write a table with a text column as a corpus from Python: "
-            f"`pipeline.format.write_corpus(table, {folder!r})`")
+            f"`gristmill.pipeline.format.write_corpus(table, {folder!r})`")
 
 
 @dataclass(frozen=True)

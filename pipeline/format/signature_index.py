@@ -2,7 +2,7 @@
 
 ``gristmill dedup`` writes it beside every corpus, ``gristmill dedup --against`` reads it back and
 ``gristmill serve`` loads it: Parquet files under ``_index/`` with one row per kept document (``id``,
-``content_hash``, ``length``, ``signature``, ``bands``; :func:`pipeline.format.schemas.index_schema`)
+``content_hash``, ``length``, ``signature``, ``bands``; :func:`gristmill.pipeline.format.schemas.index_schema`)
 and, in the corpus manifest, ``extra.signature_index = {"files": [...], "band_files": [...],
 "params": {num_perm, ngram, bands, rows, seed, threshold, verify}}`` (``verify``: whether the job
 checked candidate edges against
@@ -17,7 +17,7 @@ in row groups of ``INDEX_GROUP_ROWS``, and beside it a band file (``band_files``
 in its list; ``INDEX_BANDS_SCHEMA``) holds every (band hash, row) sorted by band hash. A later
 ``--against`` run then reads, through the row groups' min/max statistics, only the groups that can
 hold its own documents' content or band hashes and the rows they match, instead of the whole index
-(``pipeline.format.sorted_parquet``). Indexes written before band files list none and are read whole.
+(``gristmill.pipeline.format.sorted_parquet``). Indexes written before band files list none and are read whole.
 """
 
 from __future__ import annotations
@@ -32,18 +32,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.format.gc import retire_unlisted
-from pipeline.format.manifest import (
+from gristmill.pipeline.format.gc import retire_unlisted
+from gristmill.pipeline.format.manifest import (
     MANIFEST_NAME,
     CorpusError,
     has_manifest,
     is_owned_file,
     write_manifest,
 )
-from pipeline.format.reader import Corpus
-from pipeline.format.schemas import CORPUS_SCHEMA, INDEX_BANDS_SCHEMA, index_schema
-from pipeline.format.sorted_parquet import write_sorted
-from pipeline.format.storage import open_fs
+from gristmill.pipeline.format.reader import Corpus
+from gristmill.pipeline.format.schemas import CORPUS_SCHEMA, INDEX_BANDS_SCHEMA, index_schema
+from gristmill.pipeline.format.sorted_parquet import write_sorted
+from gristmill.pipeline.format.storage import open_fs
 
 __all__ = ["EXPORT_KIND", "INDEX_FOLDER", "IndexFile", "IndexParams", "ParamsError", "SignatureTable", "check_export_folder",
            "fixed_list", "list_matrix", "listed_index_files", "load_index", "params_for", "params_from_dict",
@@ -76,7 +76,7 @@ class IndexParams:
     verify: bool = False  # candidate edges checked against the threshold; absent (False) in older indexes
 
     def hasher(self) -> Any:
-        from dedup.minhash import MinHasher
+        from gristmill.dedup.minhash import MinHasher
 
         return MinHasher(num_perm=self.num_perm, ngram=self.ngram, seed=self.seed)
 
@@ -90,8 +90,8 @@ def params_for(threshold: float, num_perm: int, ngram: int, *, bands: int | None
     """The parameters ``gristmill dedup`` picks for these settings: the given ``bands`` x ``rows`` or, by
     default, the best for the threshold (recall-leaning when ``verify``: the service checks every
     candidate against the threshold). :class:`ParamsError` when they cannot work together."""
-    from dedup.lsh import choose_bands
-    from dedup.minhash import DEFAULT_SEED
+    from gristmill.dedup.lsh import choose_bands
+    from gristmill.dedup.minhash import DEFAULT_SEED
 
     if not 0.0 < threshold < 1.0:
         raise ParamsError(f"threshold must be between 0 and 1, not {threshold}")

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.format.storage import open_fs
+from gristmill.pipeline.format.storage import open_fs
 
 
 def range_partition(values: np.ndarray, parts: int) -> np.ndarray:

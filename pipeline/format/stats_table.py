@@ -18,9 +18,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.format.manifest import STATS_TABLE_KEY, Manifest
-from pipeline.format.reader import Corpus
-from pipeline.format.schemas import STATS_BREAKDOWNS, STATS_SCHEMA
+from gristmill.pipeline.format.manifest import STATS_TABLE_KEY, Manifest
+from gristmill.pipeline.format.reader import Corpus
+from gristmill.pipeline.format.schemas import STATS_BREAKDOWNS, STATS_SCHEMA
 
 STATS_FOLDER = "_stats"
 # Which domains lost documents to which: one key per pair, "loser domain -> survivor domain", counting

@@ -1,6 +1,6 @@
 """The shard writer: rows in, Parquet shards cut at a target size with row groups near a target size.
 
-Nothing a writer produces is visible to readers until a manifest lists it (:mod:`pipeline.format.manifest`).
+Nothing a writer produces is visible to readers until a manifest lists it (:mod:`gristmill.pipeline.format.manifest`).
 Pages stay near 1 MiB and unique-valued columns skip dictionaries, so a loader's first batch decodes
 little (docs/FORMAT.md).
 """
@@ -17,16 +17,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from pipeline.format.blocks import RowGroupInfo, RowGroups
-from pipeline.format.manifest import (
+from gristmill.pipeline.format.blocks import RowGroupInfo, RowGroups
+from gristmill.pipeline.format.manifest import (
     CHECKSUM_ALGORITHM,
     CorpusError,
     Manifest,
     ShardInfo,
     write_manifest,
 )
-from pipeline.format.schemas import CORPUS_SCHEMA, REQUIRED_COLUMNS
-from pipeline.format.storage import is_local, naming, open_fs
+from gristmill.pipeline.format.schemas import CORPUS_SCHEMA, REQUIRED_COLUMNS
+from gristmill.pipeline.format.storage import is_local, naming, open_fs
 
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 DEFAULT_ROW_GROUP_BYTES = 4 * 1024 * 1024
@@ -171,7 +171,7 @@ class ShardWriter:
         self._pending_bytes = rest.nbytes if rest.num_rows else 0
 
     def _naming_shard(self) -> contextlib.AbstractContextManager[None]:
-        """Store errors while writing the open shard name it (``pipeline.format.storage.naming``)."""
+        """Store errors while writing the open shard name it (``gristmill.pipeline.format.storage.naming``)."""
         return naming(f"{self.url.rstrip('/')}/{self._shard_name}", "write", is_local(self.fs))
 
     def _write_row_group(self, group: pa.Table) -> None:
@@ -258,7 +258,7 @@ def write_corpus(
     corpus at ``url`` and commit it; every other column is kept as it is. The schema is the first
     batch's; later batches are cast to it (CorpusError naming the column when one cannot be).
 
-    The corpus streams through ``loaders.StreamingLoader`` with no dedup run; shards get the format's
+    The corpus streams through ``gristmill.loaders.StreamingLoader`` with no dedup run; shards get the format's
     row-group and page sizes, so a loader's blocks are the right size whatever wrote the table.
     """
     batches: Iterable[pa.Table | pa.RecordBatch] = [data] if isinstance(data, pa.Table | pa.RecordBatch) else data

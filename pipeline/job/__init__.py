@@ -28,7 +28,7 @@ per split, so the result does not depend on CPUs, partitions or nodes. Each task
 results and then a completion record under ``OUTPUT/_work``; a rerun skips what is recorded.
 """
 
-from pipeline.job.config import DedupConfig, DedupError
-from pipeline.job.driver import STAGES, job_stages, run_dedup
+from gristmill.pipeline.job.config import DedupConfig, DedupError
+from gristmill.pipeline.job.driver import STAGES, job_stages, run_dedup
 
 __all__ = ["STAGES", "DedupConfig", "DedupError", "job_stages", "run_dedup"]

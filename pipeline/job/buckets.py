@@ -2,7 +2,7 @@
 side, :func:`shuffle_bands`, runs in ``sign``).
 
 A hot bucket (a boilerplate page's near copies share most of their bands) puts all its rows in one
-partition: the reducer reads its rows sorted through :class:`pipeline.job.spill.ExternalSort`, which
+partition: the reducer reads its rows sorted through :class:`gristmill.pipeline.job.spill.ExternalSort`, which
 spills sorted runs to disk past the job's ``spill_bytes``, and links consecutive keys table by table,
 carrying the last row of each table into the next, so it holds about the budget whatever the bucket.
 """
@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.format.sorted_parquet import range_partition
-from pipeline.job import components
-from pipeline.job.datasets import (
+from gristmill.pipeline.format.sorted_parquet import range_partition
+from gristmill.pipeline.job import components
+from gristmill.pipeline.job.datasets import (
     BUCKET_SCHEMA,
     BUCKETS_DONE,
     BUCKETS_IN,
@@ -26,14 +26,14 @@ from pipeline.job.datasets import (
     edges_from,
     split_name,
 )
-from pipeline.job.spill import ExternalSort
-from pipeline.job.tasks import Job, run_once
-from pipeline.job.workdir import partition_of
+from gristmill.pipeline.job.spill import ExternalSort
+from gristmill.pipeline.job.tasks import Job, run_once
+from gristmill.pipeline.job.workdir import partition_of
 
 
 def shuffle_bands(job: Job, split_index: int, keys: np.ndarray, bands: np.ndarray, partitions: int) -> None:
     """Every (band hash, key) row goes to the partition of its band hash (hashes are salted per band), by
-    range, so that a sorted earlier index is read in part (``pipeline.job.earlier``)."""
+    range, so that a sorted earlier index is read in part (``gristmill.pipeline.job.earlier``)."""
     hashes = bands.reshape(-1)
     repeated = np.repeat(keys, bands.shape[1])
     table = pa.table({"hash": pa.array(hashes, pa.uint64()), "key": pa.array(repeated, pa.int64())})
@@ -74,9 +74,9 @@ class EdgeSender:
 
 
 def _links(tables: Iterator[pa.Table]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``dedup.bucket_edges`` over (hash, key) rows arriving sorted a table at a time: each table is
+    """``gristmill.dedup.bucket_edges`` over (hash, key) rows arriving sorted a table at a time: each table is
     linked with the last row of the one before, whose bucket may go on in it."""
-    from dedup.lsh import bucket_edges
+    from gristmill.dedup.lsh import bucket_edges
 
     last = BUCKET_SCHEMA.empty_table()
     for table in tables:

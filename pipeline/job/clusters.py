@@ -1,5 +1,5 @@
 """Stage ``clusters``: one survivor per component, chosen in two phases so that no member's signature
-ever moves by cluster label (``dedup.survivors``: the best of the splits' bests is the best of all).
+ever moves by cluster label (``gristmill.dedup.survivors``: the best of the splits' bests is the best of all).
 
 1. Map, per split: the split's clustered documents (``labels``) with their signatures; per label, the
    split's best member and how many documents (exact copies included) the split holds of the cluster,
@@ -9,7 +9,7 @@ ever moves by cluster label (``dedup.survivors``: the best of the splits' bests 
    signature (``cluster_reps``).
 3. Per split: every member's estimated Jaccard similarity to its survivor, where the member's
    signature is (``clusters_out``); members that have exact copies, by key, for
-   :func:`pipeline.job.exact.exact_clusters`, which then gives every copy its final cluster.
+   :func:`gristmill.pipeline.job.exact.exact_clusters`, which then gives every copy its final cluster.
 
 A cluster of 10^8 members spread over S splits puts S rows in one reduce task, not 10^8 signatures.
 """
@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.format.signature_index import list_matrix
-from pipeline.job import components
-from pipeline.job.datasets import (
+from gristmill.pipeline.format.signature_index import list_matrix
+from gristmill.pipeline.job import components
+from gristmill.pipeline.job.datasets import (
     CLUSTER_MAP_DONE,
     CLUSTER_MEMBERS_DONE,
     CLUSTER_OUT_SCHEMA,
@@ -42,10 +42,10 @@ from pipeline.job.datasets import (
     split_name,
     with_survivor_columns,
 )
-from pipeline.job.exact import exact_clusters
-from pipeline.job.partitions import Partitions
-from pipeline.job.tasks import Job, map_splits, route_by_split, run_once
-from pipeline.job.workdir import partition_of
+from gristmill.pipeline.job.exact import exact_clusters
+from gristmill.pipeline.job.partitions import Partitions
+from gristmill.pipeline.job.tasks import Job, map_splits, route_by_split, run_once
+from gristmill.pipeline.job.workdir import partition_of
 
 _MEMBER_COLUMNS = ["key", "id", "length", "copies", "existing", "prefer", "domain", "signature"]
 
@@ -64,7 +64,7 @@ def _members(job: Job, split_index: int) -> pa.Table:
 
 def _best(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row: the row of its label's best member, and the label's summed ``copies``; and the labels."""
-    from dedup.cluster import find_sorted, survivors
+    from gristmill.dedup.cluster import find_sorted, survivors
 
     labels = table["label"].to_numpy()
     chosen = survivors(labels, table["length"].to_numpy(), table["id"],
@@ -113,8 +113,8 @@ def _cluster_members(job: Job, split_index: int, exact_partitions: int) -> dict[
     members with exact copies also to the partition of their key (``exact_partitions``)."""
 
     def compute() -> dict[str, Any]:
-        from dedup.cluster import find_sorted
-        from dedup.lsh import estimated_jaccard
+        from gristmill.dedup.cluster import find_sorted
+        from gristmill.dedup.lsh import estimated_jaccard
 
         num_perm = job.params.num_perm
         members = _members(job, split_index).sort_by("key")

@@ -1,8 +1,8 @@
 """Stage ``cc``: connected components of the linked documents as rounds of Ray tasks, no task holding
 more than about a budget of rows (``cc_rows_per_task``) however large a component or hot a node.
 
-The algorithm is :mod:`dedup.components` (its docstring has the reasoning); this module runs it as
-:func:`dedup.simulate.simulate_components` does in memory, with the work folder between rounds:
+The algorithm is :mod:`gristmill.dedup.components` (its docstring has the reasoning); this module runs it as
+:func:`gristmill.dedup.simulate.simulate_components` does in memory, with the work folder between rounds:
 
 - The producers of the edges (``buckets`` without verification, ``verify`` with) contract their own
   edges by union-find (:func:`seed_edges`) and send round 1's rows, so a hot bucket arrives as a
@@ -26,7 +26,7 @@ count from its senders' input instead costs two more rounds on a 10^6-node chain
 
 Each task writes a completion record holding its summary (rows read and sent, fates decided): all
 the driver needs to size the next round, so a rerun replays the records and resumes at the first
-unfinished task. Labels are the smallest key of each component, as ``dedup.connected_components``
+unfinished task. Labels are the smallest key of each component, as ``gristmill.dedup.connected_components``
 gives them, whatever the task counts.
 """
 
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dedup import components as algo
-from pipeline.job.datasets import (
+from gristmill.dedup import components as algo
+from gristmill.pipeline.job.datasets import (
     CC_FINAL,
     CC_SETTLE,
     CC_SETTLE_DONE,
@@ -50,7 +50,7 @@ from pipeline.job.datasets import (
     cc_resolve,
     cc_work,
 )
-from pipeline.job.tasks import Job, route_by_split, run_once
+from gristmill.pipeline.job.tasks import Job, route_by_split, run_once
 
 FINE = 2  # hash ranges a round's rows are cut into per task that may read them
 # A resolve task cuts its moves into files of at most budget / FILE_SHARE moves (and at most FILES
@@ -102,7 +102,7 @@ def group(index: int, count: int, fine: int) -> range:
 
 
 def _ranges(nodes: np.ndarray, fine: int) -> np.ndarray:
-    """The hash range (of ``fine``) of the route of each node (``dedup.components.route``)."""
+    """The hash range (of ``fine``) of the route of each node (``gristmill.dedup.components.route``)."""
     return algo.partition_of(algo.route(nodes), fine)
 
 
@@ -138,7 +138,7 @@ def _write_labels(job: Job, writer: int, nodes: np.ndarray, labels: np.ndarray) 
 
 
 def seed_edges(job: Job, name: str, left: np.ndarray, right: np.ndarray, fine: int) -> int:
-    """A producer's edges (int64 keys) contracted by union-find (``dedup.components.seed``) into round
+    """A producer's edges (int64 keys) contracted by union-find (``gristmill.dedup.components.seed``) into round
     1's rows, sent as ``name`` to ``fine`` hash ranges (:func:`first_fine`); returns how many rows."""
     table = _work_table(algo.seed(np.asarray(left, np.int64), np.asarray(right, np.int64)))
     _send(job, cc_work(1), name, table, fine)

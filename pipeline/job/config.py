@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.format.signature_index import IndexParams, ParamsError, params_for
-from pipeline.job.datasets import WORK_FOLDER
-from pipeline.job.inputs.faults import with_client_retries
-from pipeline.job.partitions import PARTITION_BYTES
+from gristmill.pipeline.format.signature_index import IndexParams, ParamsError, params_for
+from gristmill.pipeline.job.datasets import WORK_FOLDER
+from gristmill.pipeline.job.inputs.faults import with_client_retries
+from gristmill.pipeline.job.partitions import PARTITION_BYTES
 
 SEND_BUFFER_BYTES = 64 * 1024 * 1024
 

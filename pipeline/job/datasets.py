@@ -6,7 +6,7 @@ in one page. Three layouts carry every hand-over between stages:
 
 - :class:`PerSplit`: one Parquet file per split (``docs/s=00003.parquet``).
 - :class:`Shuffled`: every task on the sending side of a shuffle writes one partitioned file
-  (:mod:`pipeline.job.partfile`: its rows sorted by destination, with an index), named after the task
+  (:mod:`gristmill.pipeline.job.partfile`: its rows sorted by destination, with an index), named after the task
   (``exact_in/s=00003.part``, with ``WorkDir.write_partitioned``); a receiving task reads its
   destination's bytes of every file in the folder (``WorkDir.read_partition``). A shuffle writes as
   many files as it has sending tasks, whatever the number of destinations.
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from pipeline.format.signature_index import INDEX_FOLDER
-from pipeline.format.stats_table import STATS_FOLDER
+from gristmill.pipeline.format.signature_index import INDEX_FOLDER
+from gristmill.pipeline.format.stats_table import STATS_FOLDER
 
 WORK_FOLDER = "_work"  # inside the output corpus; removed after success unless keep_work
 REJECTS_FOLDER = "_rejects"
@@ -64,7 +64,7 @@ class PerBatch:
         return f"{self.folder_of(split)}/b={batch:05d}.parquet"
 
     def types_file(self, split: int) -> str:
-        """What the split's batches hold, as JSON (``pipeline.job.extras.ColumnTypes``)."""
+        """What the split's batches hold, as JSON (``gristmill.pipeline.job.extras.ColumnTypes``)."""
         return f"{self.folder_of(split)}/types.json"
 
 
@@ -235,7 +235,7 @@ EXACT_CLUSTER_SCHEMA = pa.schema([*EXACT_BY_REP_SCHEMA, *CLUSTER_OF_SCHEMA.remov
 
 
 def with_survivor_columns(table: pa.Table) -> pa.Table:
-    """``table`` with the SURVIVOR_FIELDS it lacks: an earlier corpus's rows (``pipeline.job.earlier``)
+    """``table`` with the SURVIVOR_FIELDS it lacks: an earlier corpus's rows (``gristmill.pipeline.job.earlier``)
     get preference 0 and no domain; they win their group by ``existing`` whatever the policy."""
     missing = {"prefer": lambda n: pa.array(np.zeros(n, np.int64)), "domain": lambda n: pa.nulls(n, pa.string())}
     for spec in SURVIVOR_FIELDS:

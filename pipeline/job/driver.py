@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from pipeline.format import (
+from gristmill.pipeline.format import (
     CORPUS_SCHEMA,
     JOB_FINGERPRINT_KEY,
     REJECT_SCHEMA,
@@ -30,14 +30,14 @@ from pipeline.format import (
     retire_unlisted,
     write_manifest,
 )
-from pipeline.format.manifest import PAIRS_KEY
-from pipeline.format.schemas import with_columns
-from pipeline.format.signature_index import IndexFile, IndexParams
-from pipeline.job import components, extras
-from pipeline.job.buckets import bucket_partition
-from pipeline.job.clusters import run_clusters
-from pipeline.job.config import DedupConfig, DedupError, index_params
-from pipeline.job.datasets import (
+from gristmill.pipeline.format.manifest import PAIRS_KEY
+from gristmill.pipeline.format.schemas import with_columns
+from gristmill.pipeline.format.signature_index import IndexFile, IndexParams
+from gristmill.pipeline.job import components, extras
+from gristmill.pipeline.job.buckets import bucket_partition
+from gristmill.pipeline.job.clusters import run_clusters
+from gristmill.pipeline.job.config import DedupConfig, DedupError, index_params
+from gristmill.pipeline.job.datasets import (
     BUCKETS_IN,
     EXACT_CLUSTERS,
     EXACT_OUT,
@@ -49,22 +49,28 @@ from pipeline.job.datasets import (
     rejects_file,
     stage_record,
 )
-from pipeline.job.earlier import figures, run_earlier, shuffled_indices, sorted_indices, whole_indices
-from pipeline.job.exact import run_exact
-from pipeline.job.exchange import end_stage, start_exchange, stop_exchange
-from pipeline.job.inputs import InputFile, Split, plan_splits, resolve_inputs
-from pipeline.job.keys import check_split_count
-from pipeline.job.nodes import check_local_paths
-from pipeline.job.partitions import Partitions, partitions_for
-from pipeline.job.plan import against_index_files, claim_folders, job_fingerprint
-from pipeline.job.prefer import Preference, check_input_column, parse_preference
-from pipeline.job.read import read_index_split, run_read
-from pipeline.job.sign import sign_split
-from pipeline.job.stats import final_stats, merge_counts, run_stats
-from pipeline.job.tasks import Job, make_runner, map_splits
-from pipeline.job.verify import run_verify
-from pipeline.job.workdir import WorkDir
-from pipeline.job.write import write_split
+from gristmill.pipeline.job.earlier import (
+    figures,
+    run_earlier,
+    shuffled_indices,
+    sorted_indices,
+    whole_indices,
+)
+from gristmill.pipeline.job.exact import run_exact
+from gristmill.pipeline.job.exchange import end_stage, start_exchange, stop_exchange
+from gristmill.pipeline.job.inputs import InputFile, Split, plan_splits, resolve_inputs
+from gristmill.pipeline.job.keys import check_split_count
+from gristmill.pipeline.job.nodes import check_local_paths
+from gristmill.pipeline.job.partitions import Partitions, partitions_for
+from gristmill.pipeline.job.plan import against_index_files, claim_folders, job_fingerprint
+from gristmill.pipeline.job.prefer import Preference, check_input_column, parse_preference
+from gristmill.pipeline.job.read import read_index_split, run_read
+from gristmill.pipeline.job.sign import sign_split
+from gristmill.pipeline.job.stats import final_stats, merge_counts, run_stats
+from gristmill.pipeline.job.tasks import Job, make_runner, map_splits
+from gristmill.pipeline.job.verify import run_verify
+from gristmill.pipeline.job.workdir import WorkDir
+from gristmill.pipeline.job.write import write_split
 
 log = logging.getLogger("gristmill.dedup")
 
@@ -84,7 +90,7 @@ def job_stages(config: DedupConfig) -> tuple[str, ...]:
 
 
 class JobProgress(Protocol):
-    """What the job tells a progress display (``pipeline.report.progress.StageProgress``)."""
+    """What the job tells a progress display (``gristmill.pipeline.report.progress.StageProgress``)."""
 
     def begin(self, stage: str, total_bytes: int | None = None) -> None: ...
     def task_done(self, result: dict[str, Any]) -> None: ...
@@ -271,7 +277,7 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
 
 def _against(job: Job, parts: Partitions, run_tasks: Callable[..., list[Any]]) -> dict[str, int]:
     """Stage ``against``: what the new documents can match of the sorted earlier indexes, read in part
-    (``pipeline.job.earlier``), then signed into the band and verification shuffles as a split is."""
+    (``gristmill.pipeline.job.earlier``), then signed into the band and verification shuffles as a split is."""
     found = run_earlier(job, parts.buckets, run_tasks)
     signed = map_splits(lambda j, i: sign_split(j, i, parts), job, sorted_indices(job), receives=[EXACT_OUT])
     return {**found, "signed": sum(r["signed"] for r in signed)}
@@ -279,7 +285,7 @@ def _against(job: Job, parts: Partitions, run_tasks: Callable[..., list[Any]]) -
 
 def _remove_stale(config: DedupConfig, corpus: Corpus) -> None:
     """After the commit: files of ours that the new manifests do not list (an earlier job's) are retired,
-    and go once no reader of an earlier manifest can hold them (``pipeline.format.gc``)."""
+    and go once no reader of an earlier manifest can hold them (``gristmill.pipeline.format.gc``)."""
     passes = [retire_unlisted(config.output, corpus.manifest, config.storage_options)]
     if config.removed:
         removed_corpus = Corpus.open(config.removed, config.storage_options)

@@ -2,7 +2,7 @@
 indexes that its own documents can match; the earlier index is never read whole nor shuffled.
 
 Each index file is a pseudo-split (keys ``i << KEY_BITS | row``, ``row`` its place in the file). A
-file written with a band file (``pipeline.format.signature_index``: rows sorted by content hash, band
+file written with a band file (``gristmill.pipeline.format.signature_index``: rows sorted by content hash, band
 file sorted by band hash, small row groups) takes part in three places, each reading only the row
 groups whose min/max statistics can hold a value it looks for, then only the rows that match:
 
@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.format.sorted_parquet import group_starts, groups_holding, open_counted
-from pipeline.job.datasets import (
+from gristmill.pipeline.format.sorted_parquet import group_starts, groups_holding, open_counted
+from gristmill.pipeline.job.datasets import (
     BUCKETS_IN,
     EARLIER_FETCH_DONE,
     EARLIER_KEYS,
@@ -42,8 +42,8 @@ from pipeline.job.datasets import (
     partition_name,
     sig_schema,
 )
-from pipeline.job.inputs import KEY_BITS
-from pipeline.job.tasks import Job, map_splits, run_once
+from gristmill.pipeline.job.inputs import KEY_BITS
+from gristmill.pipeline.job.tasks import Job, map_splits, run_once
 
 KEY_SCHEMA = pa.schema([("key", pa.int64())])
 

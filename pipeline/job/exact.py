@@ -1,5 +1,5 @@
 """Stage ``exact``: one survivor per content hash, in two phases, so a text copied 10^8 times never
-puts its copies in one task (``dedup.survivors``: the best of the bests is the best of all).
+puts its copies in one task (``gristmill.dedup.survivors``: the best of the bests is the best of all).
 
 - Map, per split (and ``--against`` index file): the split's best row of each content hash and how
   many rows have it, shuffled by hash (``exact_in``): at most one row per (split, hash).
@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.format.sorted_parquet import range_partition
-from pipeline.job.datasets import (
+from gristmill.pipeline.format.sorted_parquet import range_partition
+from gristmill.pipeline.job.datasets import (
     CLUSTER_OF_SCHEMA,
     CLUSTERED_SURVIVORS,
     DOCS,
@@ -38,9 +38,9 @@ from pipeline.job.datasets import (
     split_name,
     with_survivor_columns,
 )
-from pipeline.job.earlier import exact_rows, shuffled_indices
-from pipeline.job.tasks import Job, map_splits, route_by_split, run_once
-from pipeline.job.workdir import partition_of
+from gristmill.pipeline.job.earlier import exact_rows, shuffled_indices
+from gristmill.pipeline.job.tasks import Job, map_splits, route_by_split, run_once
+from gristmill.pipeline.job.workdir import partition_of
 
 _NIBBLE = np.zeros(256, np.uint8)
 _NIBBLE[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
@@ -63,9 +63,9 @@ def _hash_partition(hashes: pa.Array | pa.ChunkedArray, num_partitions: int) -> 
 
 
 def _best_per_hash(table: pa.Table, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``dedup.survivors`` by content hash: the best row of each distinct hash, each row's best row,
+    """``gristmill.dedup.survivors`` by content hash: the best row of each distinct hash, each row's best row,
     and each row's summed weight. Ties go to the earlier row (callers keep key order)."""
-    from dedup.cluster import survivors
+    from gristmill.dedup.cluster import survivors
 
     labels = pc.dictionary_encode(table["content_hash"].combine_chunks()).indices.to_numpy()
     chosen = survivors(labels, table["length"].to_numpy(), table["id"],

@@ -27,8 +27,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.job.datasets import Shuffled
-from pipeline.job.partfile import decode_segment, segments_by_destination
+from gristmill.pipeline.job.datasets import Shuffled
+from gristmill.pipeline.job.partfile import decode_segment, segments_by_destination
 
 GROUPS = 16  # destination groups a load task cuts a file into (objects per sender while merging)
 ROUND_SENDERS = 64  # senders merged together: a receiver fetches one object per round
@@ -38,7 +38,7 @@ FETCH_AT_ONCE = 8  # rounds' objects a receiver holds at a time (they are its ro
 def _load(work: Any, path: str, size: int) -> tuple[Any, ...]:
     """Map: one sender's file in one GET, cut into GROUPS dicts {destination: segments} (by destination
     modulo GROUPS), after its destination count. The size must be the one the listing gave."""
-    from pipeline.job.workdir import with_retries
+    from gristmill.pipeline.job.workdir import with_retries
 
     data = with_retries(lambda: work.fs.cat_file(path, start=0), path)
     if len(data) != size:

@@ -1,6 +1,6 @@
 """The input's own columns, carried from the read stage to the shards under their names, types and values.
 
-gristmill consumes the text and id columns and its own names (``pipeline.format.schemas.passes_through``);
+gristmill consumes the text and id columns and its own names (``gristmill.pipeline.format.schemas.passes_through``);
 every other input column passes through. The read stage writes each batch's columns beside the
 split's documents file (``EXTRAS``, one file per read batch, the batch being one row group of the
 documents file), never through the shuffles; the driver unifies what every split saw into one schema
@@ -10,7 +10,7 @@ not unify (a number and a text) stop the job before any shuffle, naming the colu
 
 JSONL values keep their JSON types: true/false as bool, integers as int64, other numbers as float64
 (a column mixing both: float64), strings as string; objects, arrays and integers beyond 64 bits
-arrive as their JSON text (``pipeline.job.inputs.jsonl``), a string. Parquet columns keep their
+arrive as their JSON text (``gristmill.pipeline.job.inputs.jsonl``), a string. Parquet columns keep their
 Arrow types.
 """
 
@@ -26,11 +26,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.job.config import DedupError
-from pipeline.job.datasets import EXTRAS
-from pipeline.job.inputs import Doc
-from pipeline.job.inputs.records import encodable, printable
-from pipeline.job.workdir import WorkDir
+from gristmill.pipeline.job.config import DedupError
+from gristmill.pipeline.job.datasets import EXTRAS
+from gristmill.pipeline.job.inputs import Doc
+from gristmill.pipeline.job.inputs.records import encodable, printable
+from gristmill.pipeline.job.workdir import WorkDir
 
 
 class ColumnTypes:

@@ -9,7 +9,7 @@ Three rules, each a clear error (``FolderError``) before the first task starts:
   ``overwrite``; the *same* job (same fingerprint) finds its corpus complete and returns it, so re-running
   a command is an idempotent resume. A folder holding anything that is not ours is refused the same way.
 - After the new manifest commits, files of ours that it does not list are removed
-  (:func:`pipeline.format.remove_unlisted`), never before.
+  (:func:`gristmill.pipeline.format.remove_unlisted`), never before.
 - A ``--work-dir`` of its own is outside all of those (like them), and empty or a work folder of ours
   (it is removed after success: a folder of other files would go with it).
 """
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.format import (
+from gristmill.pipeline.format import (
     JOB_FINGERPRINT_KEY,
     MANIFEST_NAME,
     Corpus,
@@ -31,7 +31,7 @@ from pipeline.format import (
     is_owned_file,
     open_fs,
 )
-from pipeline.format.storage import is_local, naming
+from gristmill.pipeline.format.storage import is_local, naming
 
 
 class FolderError(Exception):

@@ -8,8 +8,8 @@ can: each with an error that says what to change.
 
 from __future__ import annotations
 
-from pipeline.job import inputs
-from pipeline.job.config import DedupError
+from gristmill.pipeline.job import inputs
+from gristmill.pipeline.job.config import DedupError
 
 
 def max_splits() -> int:

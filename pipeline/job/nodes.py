@@ -15,9 +15,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.format import MANIFEST_NAME, open_fs
-from pipeline.job.config import DedupConfig, DedupError
-from pipeline.job.inputs import InputFile
+from gristmill.pipeline.format import MANIFEST_NAME, open_fs
+from gristmill.pipeline.job.config import DedupConfig, DedupError
+from gristmill.pipeline.job.inputs import InputFile
 
 MARKER_PREFIX = ".gristmill-node-check-"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.format.signature_index import IndexParams
+from gristmill.pipeline.format.signature_index import IndexParams
 
 PARTITION_BYTES = 128 * 1024 * 1024  # rows a reducer holds, in memory (Arrow) bytes
 EXACT_ROW_BYTES = 100  # content hash (32 hex digits), key, id, length, flags

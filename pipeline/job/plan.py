@@ -1,5 +1,5 @@
 """Before any work: what a run depends on (its fingerprint), the index files of its ``--against``
-corpora, and whether it may write its folders (``pipeline.job.folders``)."""
+corpora, and whether it may write its folders (``gristmill.pipeline.job.folders``)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from pipeline.format import Corpus, CorpusError, open_fs
-from pipeline.format.signature_index import IndexFile, IndexParams, listed_index_files
-from pipeline.job.config import DedupConfig, DedupError
-from pipeline.job.datasets import JOB_RECORD
-from pipeline.job.folders import FolderError, check_disjoint, check_work_dir, claim
-from pipeline.job.inputs import InputFile, Split
-from pipeline.job.prefer import LONGEST, Preference
+from gristmill.pipeline.format import Corpus, CorpusError, open_fs
+from gristmill.pipeline.format.signature_index import IndexFile, IndexParams, listed_index_files
+from gristmill.pipeline.job.config import DedupConfig, DedupError
+from gristmill.pipeline.job.datasets import JOB_RECORD
+from gristmill.pipeline.job.folders import FolderError, check_disjoint, check_work_dir, claim
+from gristmill.pipeline.job.inputs import InputFile, Split
+from gristmill.pipeline.job.prefer import LONGEST, Preference
 
 
 def job_fingerprint(config: DedupConfig, params: IndexParams, splits: list[Split], index_files: list[IndexFile],
@@ -73,7 +73,7 @@ def _index_files(url: str, config: DedupConfig, params: IndexParams) -> list[Ind
 
 
 def claim_folders(config: DedupConfig, files: list[InputFile], fingerprint: str) -> Corpus | None:
-    """Check the folders before any work (``pipeline.job.folders``); the committed corpus if this job finished."""
+    """Check the folders before any work (``gristmill.pipeline.job.folders``); the committed corpus if this job finished."""
     # a folder INPUT is walked (and a ** glob's fixed prefix is): nothing may be written inside it
     inputs = [(spec, _walked_folder(spec)) for spec in config.inputs]
     inputs = [(spec, folder) for spec, folder in inputs if folder and _is_folder(folder, config)]

@@ -2,7 +2,7 @@
 
 Each document gets one int64 preference key when it is read (higher wins); the key travels in the
 ``prefer`` column wherever ``length`` travels for the choice, so every policy costs one extra column
-through the shuffles, and the two-phase choice (``dedup.cluster.survivors``) stays correct: the order
+through the shuffles, and the two-phase choice (``gristmill.dedup.cluster.survivors``) stays correct: the order
 (earlier corpus first, then preference, then length, then id) is total. Policies:
 
 - ``longest`` (default): every key 0, so the longest copy wins, as before the policy existed.
@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 import fsspec
 import numpy as np
 
-from pipeline.job.config import DedupError
-from pipeline.job.inputs import Doc, InputFile
+from gristmill.pipeline.job.config import DedupError
+from gristmill.pipeline.job.inputs import Doc, InputFile
 
 POLICIES = ("longest", "domains:FILE", "domains=D1,D2,...", "canonical", "column:NAME", "column:-NAME", "earliest")
 LAST = np.iinfo(np.int64).min  # the key of a document the policy knows nothing about

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.format import REJECT_SCHEMA, index_schema, open_fs
-from pipeline.format.signature_index import fixed_list
-from pipeline.job import extras
-from pipeline.job.datasets import (
+from gristmill.pipeline.format import REJECT_SCHEMA, index_schema, open_fs
+from gristmill.pipeline.format.signature_index import fixed_list
+from gristmill.pipeline.job import extras
+from gristmill.pipeline.job.datasets import (
     DOC_SCHEMA,
     DOCS,
     HASH_SIGNATURES,
@@ -27,7 +27,7 @@ from pipeline.job.datasets import (
     hash_signature_schema,
     sig_schema,
 )
-from pipeline.job.inputs import (
+from gristmill.pipeline.job.inputs import (
     KEY_BITS,
     Doc,
     ReadOptions,
@@ -39,8 +39,8 @@ from pipeline.job.inputs import (
     number_lines,
     read_piece,
 )
-from pipeline.job.keys import check_split_rows
-from pipeline.job.tasks import Job, map_splits, run_once
+from gristmill.pipeline.job.keys import check_split_rows
+from gristmill.pipeline.job.tasks import Job, map_splits, run_once
 
 # Text per batch, one row group of a split's documents: a worker holds one at a time (8 MiB cost
 # 47 MB more per worker at the same CPU).
@@ -139,9 +139,9 @@ def _document_batches(job: Job, split: Split, rejects: list[tuple[Reject, str]])
 def _visible(batch: list[tuple[Doc, str]], options: Any,
              rejects: list[tuple[Reject, str]]) -> tuple[list[tuple[Doc, str]], list[str]]:
     """The batch without the documents that normalise to nothing (only white space and invisible
-    characters: ``dedup.normalize.is_blank``), each rejected as ``empty``; and the kept documents'
+    characters: ``gristmill.dedup.normalize.is_blank``), each rejected as ``empty``; and the kept documents'
     texts after normalisation steps 0-2 (``prefold``)."""
-    from dedup.normalize import is_blank, prefold
+    from gristmill.dedup.normalize import is_blank, prefold
 
     prefolded = prefold([d.text for d, _ in batch], options)
     kept: list[tuple[Doc, str]] = []
@@ -168,7 +168,7 @@ def _document_table(split_index: int, first: int, batch: list[tuple[Doc, str]], 
     and normalisation of every text. Equal content hashes mean equal normalised texts, hence equal
     token sequences and signatures, so one signature per hash serves every exact copy.
     """
-    from dedup.normalize import fold_prepared, hashes_of_folded, utf8_batch
+    from gristmill.dedup.normalize import fold_prepared, hashes_of_folded, utf8_batch
 
     docs = [d for d, _ in batch]
     texts = [d.text for d in docs]

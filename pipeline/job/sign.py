@@ -9,14 +9,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.format.signature_index import fixed_list, list_matrix
-from pipeline.job.buckets import shuffle_bands
-from pipeline.job.config import DedupError
-from pipeline.job.datasets import DOCS, HASH_SIGNATURES, SIGN_DONE, SIGNATURES, signed_schema
-from pipeline.job.exact import exact_of
-from pipeline.job.partitions import Partitions
-from pipeline.job.tasks import Job, run_once
-from pipeline.job.verify import shuffle_signatures
+from gristmill.pipeline.format.signature_index import fixed_list, list_matrix
+from gristmill.pipeline.job.buckets import shuffle_bands
+from gristmill.pipeline.job.config import DedupError
+from gristmill.pipeline.job.datasets import DOCS, HASH_SIGNATURES, SIGN_DONE, SIGNATURES, signed_schema
+from gristmill.pipeline.job.exact import exact_of
+from gristmill.pipeline.job.partitions import Partitions
+from gristmill.pipeline.job.tasks import Job, run_once
+from gristmill.pipeline.job.verify import shuffle_signatures
 
 
 def sign_split(job: Job, split_index: int, partitions: Partitions) -> dict[str, Any]:
@@ -41,7 +41,7 @@ def sign_split(job: Job, split_index: int, partitions: Partitions) -> dict[str, 
 def _signed(job: Job, split_index: int) -> pa.Table:
     """The exact survivors of a split with their signatures (from ``read``, by content hash; no text is
     read), their exact copies' count and band hashes."""
-    from dedup.lsh import band_hashes
+    from gristmill.dedup.lsh import band_hashes
 
     docs = job.work.read_table(DOCS.file(split_index), ["key", "id", "content_hash", "length", "prefer", "domain"])
     exact = exact_of(job, split_index, docs["content_hash"])

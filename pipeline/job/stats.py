@@ -5,7 +5,7 @@ bytes, rejects by kind) and writes a table of every breakdown key with its count
 (``_work/stats/s=S.parquet``, sorted by a hash of (breakdown, key), in small row groups). Then one
 task per range of that hash (:func:`reduce_stats`; as many ranges as the split tables' rows need)
 reads its range of every split's table, sums each key, writes one file of the statistics table beside
-the corpus (``_stats/``, ``pipeline.format.stats_table``) and returns its range's top keys. The driver
+the corpus (``_stats/``, ``gristmill.pipeline.format.stats_table``) and returns its range's top keys. The driver
 merges those top keys (at most ``TOP_KEYS`` per range and breakdown) and :func:`final_stats` builds
 what the manifest records: totals, the top keys of each breakdown and how many keys each has. A
 breakdown with 50,000 domains thus never passes through the driver or the manifest.
@@ -22,15 +22,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from pipeline.format import REJECT_KINDS
-from pipeline.format.schemas import STATS_SCHEMA
-from pipeline.format.signature_index import IndexParams
-from pipeline.format.sorted_parquet import groups_in_partition, open_counted, range_partition
-from pipeline.format.stats_table import BREAKDOWNS, COUNTS, LOST_TO, TOP_KEYS, as_breakdown, rank
-from pipeline.job.config import DedupConfig
-from pipeline.job.datasets import REJECTS, SPLIT_STATS, STATS_DONE, stats_file
-from pipeline.job.tasks import Job, run_once
-from pipeline.job.workdir import WorkDir
+from gristmill.pipeline.format import REJECT_KINDS
+from gristmill.pipeline.format.schemas import STATS_SCHEMA
+from gristmill.pipeline.format.signature_index import IndexParams
+from gristmill.pipeline.format.sorted_parquet import groups_in_partition, open_counted, range_partition
+from gristmill.pipeline.format.stats_table import BREAKDOWNS, COUNTS, LOST_TO, TOP_KEYS, as_breakdown, rank
+from gristmill.pipeline.job.config import DedupConfig
+from gristmill.pipeline.job.datasets import REJECTS, SPLIT_STATS, STATS_DONE, stats_file
+from gristmill.pipeline.job.tasks import Job, run_once
+from gristmill.pipeline.job.workdir import WorkDir
 
 BYTES_PER_TOKEN = 4  # the approximate-token statistic: UTF-8 bytes / 4
 SPLIT_STATS_SCHEMA = STATS_SCHEMA.append(pa.field("hash", pa.uint64()))  # hash: of (breakdown, key)
@@ -44,7 +44,7 @@ def split_stats(job: Job, split_index: int, docs: pa.Table, status: np.ndarray, 
     """The split's totals for the driver (``lengths``: UTF-8 bytes per document; ``survivor_domain``:
     the domain of each removed document's survivor); its breakdown table goes to ``SPLIT_STATS``
     (``stats_rows`` says how many rows, to size the reduce)."""
-    from dedup.core import STATUSES
+    from gristmill.dedup.core import STATUSES
 
     rejects = job.work.read_table(REJECTS.file(split_index))
     totals: dict[str, Any] = {name: int(np.count_nonzero(status == i)) for i, name in enumerate(STATUSES)}
@@ -165,7 +165,7 @@ def final_stats(totals: dict[str, Any], table: Mapping[str, Any], timings: Mappi
                 splits: int, against: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The statistics a manifest records: the summed split totals, each breakdown's top keys and key
     count from the statistics ``table`` (:func:`run_stats`), the run's own figures, and with
-    ``--against`` what it read of the earlier corpora (``pipeline.job.earlier.figures``)."""
+    ``--against`` what it read of the earlier corpora (``gristmill.pipeline.job.earlier.figures``)."""
     rejected = dict(totals.get("rejected", {}))
     documents = {
         "input": totals.get("kept", 0) + totals.get("exact_duplicate", 0) + totals.get("near_duplicate", 0)

@@ -10,13 +10,13 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from pipeline.format.signature_index import IndexFile, IndexParams
-from pipeline.job.config import DedupConfig
-from pipeline.job.datasets import BySplit, Shuffled, partition_name
-from pipeline.job.exchange import prepare
-from pipeline.job.inputs import KEY_BITS
-from pipeline.job.prefer import LONGEST, Preference
-from pipeline.job.workdir import WorkDir
+from gristmill.pipeline.format.signature_index import IndexFile, IndexParams
+from gristmill.pipeline.job.config import DedupConfig
+from gristmill.pipeline.job.datasets import BySplit, Shuffled, partition_name
+from gristmill.pipeline.job.exchange import prepare
+from gristmill.pipeline.job.inputs import KEY_BITS
+from gristmill.pipeline.job.prefer import LONGEST, Preference
+from gristmill.pipeline.job.workdir import WorkDir
 
 Item = TypeVar("Item")
 

@@ -6,7 +6,7 @@ signature to the partition of its key (``verify_sigs``), ``buckets`` sends each 
 of its left key (``verify_in``). Hop 1, per key partition: edges get their left signature and go on
 to the partition of their right key (``verify_right``); hop 2: the right signature, the estimate, and
 the kept edges to connected components. Hop 2 also keeps every pair whose estimate reaches the pairs
-table's floor (``pipeline.format.pairs_table``) beside the corpus, streamed a batch at a time, so
+table's floor (``gristmill.pipeline.format.pairs_table``) beside the corpus, streamed a batch at a time, so
 ``gristmill clusters --what-if`` can recut the clusters at another threshold. Each hop writes one file per task: S + P files per shuffle,
 where routing by (left split, right split) made up to S x S. A task holds its partition's signatures
 and one sending task's edges at a time.
@@ -20,11 +20,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.format.pairs_table import PAIRS_SCHEMA, min_matches, pairs_entry, pairs_file, pairs_floor
-from pipeline.format.signature_index import list_matrix
-from pipeline.job.buckets import EdgeSender
-from pipeline.job.config import DedupError
-from pipeline.job.datasets import (
+from gristmill.pipeline.format.pairs_table import (
+    PAIRS_SCHEMA,
+    min_matches,
+    pairs_entry,
+    pairs_file,
+    pairs_floor,
+)
+from gristmill.pipeline.format.signature_index import list_matrix
+from gristmill.pipeline.job.buckets import EdgeSender
+from gristmill.pipeline.job.config import DedupError
+from gristmill.pipeline.job.datasets import (
     VERIFY_IN,
     VERIFY_LEFT_DONE,
     VERIFY_RIGHT,
@@ -35,9 +41,9 @@ from pipeline.job.datasets import (
     partition_name,
     split_name,
 )
-from pipeline.job.inputs import KEY_BITS
-from pipeline.job.tasks import Job, run_once
-from pipeline.job.workdir import WorkDir, partition_of
+from gristmill.pipeline.job.inputs import KEY_BITS
+from gristmill.pipeline.job.tasks import Job, run_once
+from gristmill.pipeline.job.workdir import WorkDir, partition_of
 
 PAIRS_BATCH = 1 << 20  # pairs a verify task holds before writing them as one row group (18 MiB)
 
@@ -91,7 +97,7 @@ def _verify_right(job: Job, part: int, cc_fine: int) -> dict[str, Any]:
     components (``cc_fine`` hash ranges); pairs at or above the pairs floor go to the pairs table."""
 
     def compute() -> dict[str, Any]:
-        from dedup.lsh import estimated_jaccard
+        from gristmill.dedup.lsh import estimated_jaccard
 
         num_perm = job.params.num_perm
         signatures = _Signatures(job, part)

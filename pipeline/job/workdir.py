@@ -30,10 +30,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.format import open_fs
-from pipeline.format.storage import is_local, naming
-from pipeline.job.datasets import Shuffled
-from pipeline.job.partfile import PartitionedWriter, read_destination
+from gristmill.pipeline.format import open_fs
+from gristmill.pipeline.format.storage import is_local, naming
+from gristmill.pipeline.job.datasets import Shuffled
+from gristmill.pipeline.job.partfile import PartitionedWriter, read_destination
 
 ATOMIC_PUT = {"s3", "s3a", "gs", "gcs", "memory"}  # stores where one PUT publishes a whole object
 PREFIX_DIGITS = 2  # hex digits of a key's hash before its file name: 256 prefixes
@@ -52,7 +52,7 @@ def is_transient(error: BaseException) -> bool:
     - timeouts (``TimeoutError``, ``ETIMEDOUT``).
 
     A missing file (``FileNotFoundError``), a refused permission or damaged bytes are not: retrying
-    cannot fix them. (Input reads have their own classifier in ``pipeline.job.inputs``.)
+    cannot fix them. (Input reads have their own classifier in ``gristmill.pipeline.job.inputs``.)
     """
     if isinstance(error, (FileNotFoundError, PermissionError)):
         return False
@@ -91,7 +91,7 @@ class WorkDir:
 
     ``spread_keys``: on an object store, store files under hashed prefixes (:func:`hashed`; the work
     folder) or under their own names (files beside a corpus, which its manifest lists). ``exchange``: the name of the
-    job's :class:`pipeline.job.exchange.ShuffleBroker`, through which receivers get their rows (None:
+    job's :class:`gristmill.pipeline.job.exchange.ShuffleBroker`, through which receivers get their rows (None:
     outside a job, a receiver reads its part of each sender's file itself).
     """
 
@@ -122,7 +122,7 @@ class WorkDir:
         return posixpath.join(self.root, hashed(relative) if self.hashed_keys else relative)
 
     def _naming(self, relative: str, verb: str) -> contextlib.AbstractContextManager[None]:
-        """A store error on ``relative`` names it and the operation (``pipeline.format.storage.naming``)."""
+        """A store error on ``relative`` names it and the operation (``gristmill.pipeline.format.storage.naming``)."""
         return naming(f"{self.url.rstrip('/')}/{relative}", verb, is_local(self.fs))
 
     def url_of(self, relative: str) -> str:
@@ -228,9 +228,9 @@ class WorkDir:
     def partition_tables(self, dataset: Shuffled, destination: int) -> Iterator[pa.Table]:
         """The receiving side, a segment at a time: ``destination``'s rows of every finished file of the
         dataset, in file-name order (for a shuffle out of splits: key order). In a job they come through
-        the exchange (:mod:`pipeline.job.exchange`); outside one, from each file in turn."""
+        the exchange (:mod:`gristmill.pipeline.job.exchange`); outside one, from each file in turn."""
         if self.exchange is not None:
-            from pipeline.job.exchange import received_tables
+            from gristmill.pipeline.job.exchange import received_tables
 
             yield from received_tables(self.exchange, dataset.folder, destination)
             return

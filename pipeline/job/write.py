@@ -1,5 +1,5 @@
 """Stage ``write``, per split: kept rows into corpus shards (and removed rows into ``--removed``), the
-split's signature index file, its totals and its statistics table (``pipeline.job.stats``); the
+split's signature index file, its totals and its statistics table (``gristmill.pipeline.job.stats``); the
 driver publishes them in the manifest."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.format import CORPUS_SCHEMA, REMOVED_SCHEMA, ShardWriter
-from pipeline.format.schemas import SOURCE_COLUMN, with_columns
-from pipeline.format.signature_index import write_index_files
-from pipeline.job.datasets import (
+from gristmill.pipeline.format import CORPUS_SCHEMA, REMOVED_SCHEMA, ShardWriter
+from gristmill.pipeline.format.schemas import SOURCE_COLUMN, with_columns
+from gristmill.pipeline.format.signature_index import write_index_files
+from gristmill.pipeline.job.datasets import (
     CLUSTERS_OUT,
     DOCS,
     EXACT_CLUSTER_SCHEMA,
@@ -23,15 +23,15 @@ from pipeline.job.datasets import (
     band_file,
     index_file,
 )
-from pipeline.job.exact import exact_of
-from pipeline.job.extras import SplitColumns
-from pipeline.job.stats import split_stats
-from pipeline.job.tasks import Job, run_once
+from gristmill.pipeline.job.exact import exact_of
+from gristmill.pipeline.job.extras import SplitColumns
+from gristmill.pipeline.job.stats import split_stats
+from gristmill.pipeline.job.tasks import Job, run_once
 
 
 def write_split(job: Job, split_index: int, carried: pa.Schema) -> dict[str, Any]:
     """One split's output, once: its shards, removed shards, totals and the size of its statistics table.
-    ``carried``: the input's own columns that follow gristmill's (``pipeline.job.extras.job_schema``)."""
+    ``carried``: the input's own columns that follow gristmill's (``gristmill.pipeline.job.extras.job_schema``)."""
     return run_once(job.work, WRITE_DONE.split(split_index), lambda: _write_split_now(job, split_index, carried))
 
 
@@ -102,7 +102,7 @@ def _write_split_now(job: Job, split_index: int, carried: pa.Schema) -> dict[str
     removed_writer = (shard_writer(config.removed, with_columns(REMOVED_SCHEMA, carried), "removed")
                       if config.removed else None)
     columns = SplitColumns(job.work, split_index, carried)
-    from dedup.core import STATUSES
+    from gristmill.dedup.core import STATUSES
 
     removed_as = np.array(STATUSES)[status]
     text_bytes = np.zeros(n, np.int64)
@@ -144,7 +144,7 @@ def _positions(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
 
 def _write_index(job: Job, split_index: int, kept_keys: np.ndarray) -> None:
     """The signature index of the kept rows and its band file, beside the corpus, sorted for later
-    ``--against`` runs to read in part (``pipeline.format.signature_index.write_index_files``)."""
+    ``--against`` runs to read in part (``gristmill.pipeline.format.signature_index.write_index_files``)."""
     sigs = job.work.read_table(SIGNATURES.file(split_index))
     sigs = sigs.filter(pc.is_in(sigs["key"], value_set=pa.array(kept_keys, pa.int64())))
     index = sigs.select(["id", "content_hash", "length", "signature", "bands"])

@@ -20,9 +20,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from pipeline.format import JOB_FINGERPRINT_KEY, Corpus, CorpusError
-from pipeline.format.schemas import source_column
-from pipeline.report.progress import Progress
+from gristmill.pipeline.format import JOB_FINGERPRINT_KEY, Corpus, CorpusError
+from gristmill.pipeline.format.schemas import source_column
+from gristmill.pipeline.report.progress import Progress
 
 REMOVED_COLUMNS = ("removed_as", "duplicate_of", "similarity")
 _META = ["id", "source", "domain", "language"]

@@ -9,7 +9,7 @@ threshold too: what a lower one would catch), the kept documents' lengths in cha
 the duplicate rate by domain and by language, and the stage timings, with the numbers in tables
 beside them. A chart whose counts span two orders of magnitude is drawn on a log scale.
 
-``python -m pipeline.report.html_report CORPUS -o report.html`` writes one; ``write_report`` is the same in Python.
+``python -m gristmill.pipeline.report.html_report CORPUS -o report.html`` writes one; ``write_report`` is the same in Python.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from pipeline.report.duplicates import SIMILARITY_BIN
-from pipeline.report.progress import Progress
-from pipeline.report.stats_text import human_bytes, key_count
+from gristmill.pipeline.report.duplicates import SIMILARITY_BIN
+from gristmill.pipeline.report.progress import Progress
+from gristmill.pipeline.report.stats_text import human_bytes, key_count
 
 OUTCOMES = ("kept", "exact_duplicate", "near_duplicate", "rejected")
 LABELS = {"kept": "kept", "exact_duplicate": "exact duplicate", "near_duplicate": "near duplicate",
@@ -514,7 +514,7 @@ def _log2_index(values: np.ndarray) -> np.ndarray:
 
 def _crawl_outcomes(corpus: Any) -> dict[str, int] | None:
     """The URL outcomes of the raw crawls the job read (each input folder whose manifest has crawl statistics)."""
-    from pipeline.format import Corpus, CorpusError
+    from gristmill.pipeline.format import Corpus, CorpusError
 
     job = corpus.manifest.extra.get("job")
     inputs = job.get("inputs") if isinstance(job, Mapping) else None
@@ -534,9 +534,9 @@ def _crawl_outcomes(corpus: Any) -> dict[str, int] | None:
 def collect(corpus: Any, removed: Any | None, progress: Progress | None = None) -> ReportData:
     """Every histogram the report draws, each read a row group at a time: the kept documents' lengths
     and words, the removed documents' similarities (``removed``), the stored candidate pairs."""
-    from pipeline.format.manifest import PAIRS_KEY
-    from pipeline.format.pairs_table import PairsInfo, iter_pairs
-    from pipeline.report.duplicates import removed_similarities, row_groups, similarity_grid
+    from gristmill.pipeline.format.manifest import PAIRS_KEY
+    from gristmill.pipeline.format.pairs_table import PairsInfo, iter_pairs
+    from gristmill.pipeline.report.duplicates import removed_similarities, row_groups, similarity_grid
 
     data = ReportData(crawl=_crawl_outcomes(corpus))
     lengths, words = np.zeros(64, np.int64), np.zeros(64, np.int64)
@@ -579,10 +579,10 @@ def write_report(corpus_url: str, path: str, removed_url: str | None = None, top
     The similarity chart needs the removed documents (``--removed`` of the dedup job); without them
     the report has every other chart and says where the similarity chart went.
     """
-    from pipeline.format import Corpus, CorpusError
-    from pipeline.format.pairs_table import PairsInfo
-    from pipeline.format.stats_table import full_stats
-    from pipeline.report.duplicates import open_removed
+    from gristmill.pipeline.format import Corpus, CorpusError
+    from gristmill.pipeline.format.pairs_table import PairsInfo
+    from gristmill.pipeline.format.stats_table import full_stats
+    from gristmill.pipeline.report.duplicates import open_removed
 
     corpus = Corpus.open(corpus_url)
     stats = full_stats(corpus)
@@ -612,14 +612,14 @@ def write_report(corpus_url: str, path: str, removed_url: str | None = None, top
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.report.html_report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gristmill.pipeline.report.html_report", description=__doc__.splitlines()[0])
     parser.add_argument("corpus", help="corpus folder or URL written by gristmill dedup")
     parser.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
     parser.add_argument("--removed", help="the job's removed-documents corpus (default: the one its manifest names)")
     parser.add_argument("--top", type=int, default=TOP, help=f"rows per breakdown (default {TOP})")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
-    from pipeline.format import CorpusError
+    from gristmill.pipeline.format import CorpusError
 
     try:
         print(write_report(args.corpus, args.output, args.removed, args.top, quiet=args.quiet))

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-from pipeline.report.stats_text import human_bytes
+from gristmill.pipeline.report.stats_text import human_bytes
 
 LINE_SECONDS = 10.0  # how often a log (stderr not a terminal) gets a progress line
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.format import Corpus, CorpusError
+from gristmill.pipeline.format import Corpus, CorpusError
 
 EXTRA_KEY = "rejects"  # the manifest's extra entry naming the rejects file
 TOP_REASONS = 5

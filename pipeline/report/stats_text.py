@@ -1,6 +1,6 @@
 """A dedup run's statistics as text for people: what ``gristmill stats`` and ``gristmill dedup`` print.
 
-The same statistics as an HTML page with charts are :mod:`pipeline.report.html_report`.
+The same statistics as an HTML page with charts are :mod:`gristmill.pipeline.report.html_report`.
 """
 
 from __future__ import annotations

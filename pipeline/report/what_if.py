@@ -1,5 +1,5 @@
 """``gristmill clusters CORPUS --what-if T``: the near-duplicate clusters recut at threshold ``T`` from the
-job's stored candidate pairs (``pipeline.format.pairs_table``), without re-running the job.
+job's stored candidate pairs (``gristmill.pipeline.format.pairs_table``), without re-running the job.
 
 Why it can be trusted above the job's threshold: the job linked exactly the candidate pairs whose
 estimate reached its threshold; a job at a higher ``T`` with the same LSH bands proposes the same
@@ -7,7 +7,7 @@ pairs and links those reaching ``T``, which are all in the table. Below the job'
 the table's floor) the answer is a lower bound: the job's bands were tuned for its own threshold, and
 a rerun with bands tuned for ``T`` would propose pairs this job never estimated.
 
-The components are recut by :class:`dedup.cluster.UnionFind` over the pairs reaching ``T``, read a
+The components are recut by :class:`gristmill.dedup.cluster.UnionFind` over the pairs reaching ``T``, read a
 row group at a time: what is held between batches is one ``member -> smallest key`` row per document
 in a cluster (16 bytes), never a pair; batches grow with what is held, so the work stays
 O(pairs + clustered documents x log).
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.format import Corpus, CorpusError
-from pipeline.format.pairs_table import PairsInfo, iter_pairs, min_matches
-from pipeline.report.progress import Progress
+from gristmill.pipeline.format import Corpus, CorpusError
+from gristmill.pipeline.format.pairs_table import PairsInfo, iter_pairs, min_matches
+from gristmill.pipeline.report.progress import Progress
 
 FOLD_PAIRS = 1 << 22  # pairs gathered before they are folded into the components held
 
@@ -57,7 +57,7 @@ class _Components:
             self.fold()
 
     def fold(self) -> None:
-        from dedup.cluster import connected_components, distinct
+        from gristmill.dedup.cluster import connected_components, distinct
 
         left = np.concatenate([self.member, *self.left])
         right = np.concatenate([self.root, *self.right])

@@ -1,4 +1,4 @@
-"""The live index: exact and LSH lookups over columns (:mod:`pipeline.service.columns`), filled from a
+"""The live index: exact and LSH lookups over columns (:mod:`gristmill.pipeline.service.columns`), filled from a
 corpus's signature index without a loading peak, and exported back as one.
 
 A candidate is a near duplicate when its estimated Jaccard similarity (share of equal signature
@@ -14,18 +14,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dedup.lsh import band_hashes
-from pipeline.format.manifest import MANIFEST_NAME, CorpusError
-from pipeline.format.reader import Corpus
-from pipeline.format.schemas import index_schema
-from pipeline.format.signature_index import (
+from gristmill.dedup.lsh import band_hashes
+from gristmill.pipeline.format.manifest import MANIFEST_NAME, CorpusError
+from gristmill.pipeline.format.reader import Corpus
+from gristmill.pipeline.format.schemas import index_schema
+from gristmill.pipeline.format.signature_index import (
     IndexParams,
     SignatureTable,
     list_matrix,
     listed_index_files,
     params_from_dict,
 )
-from pipeline.service.columns import (
+from gristmill.pipeline.service.columns import (
     BUCKET_SHIFT,
     BUCKETS,
     MAX_DOCS,

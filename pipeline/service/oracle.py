@@ -1,6 +1,6 @@
 """The dedup service as the crawler's duplicate oracle (``gristmill crawl --dedup-service URL``).
 
-The crawler states what it asks (:mod:`crawlers.oracle`) and knows nothing of the service; this adapter
+The crawler states what it asks (:mod:`gristmill.crawlers.oracle`) and knows nothing of the service; this adapter
 answers with the service's asyncio client and turns its errors into the crawler's :class:`OracleError`.
 """
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from crawlers.oracle import OracleError, Verdict
-from pipeline.service.client import AsyncDedupClient, CheckResult, ServiceError
+from gristmill.crawlers.oracle import OracleError, Verdict
+from gristmill.pipeline.service.client import AsyncDedupClient, CheckResult, ServiceError
 
 
 class ServiceOracle:
-    """A :class:`crawlers.oracle.DuplicateOracle` backed by a running ``gristmill serve``."""
+    """A :class:`gristmill.crawlers.oracle.DuplicateOracle` backed by a running ``gristmill serve``."""
 
     def __init__(self, url: str, token: str | None = None) -> None:
         self._client = AsyncDedupClient(url, token)

@@ -44,12 +44,12 @@ import numpy as np
 import xxhash
 from aiohttp import web
 
-from dedup.lsh import band_hashes
-from dedup.normalize import fold_prepared, hashes_of_folded, is_blank, prefold, utf8_batch
-from pipeline.format.signature_index import IndexParams, params_from_dict, params_to_dict
-from pipeline.service.columns import ROW_HEAD, RowStore
-from pipeline.service.index import LiveIndex, load_corpus_index
-from pipeline.service.snapshot import (
+from gristmill.dedup.lsh import band_hashes
+from gristmill.dedup.normalize import fold_prepared, hashes_of_folded, is_blank, prefold, utf8_batch
+from gristmill.pipeline.format.signature_index import IndexParams, params_from_dict, params_to_dict
+from gristmill.pipeline.service.columns import ROW_HEAD, RowStore
+from gristmill.pipeline.service.index import LiveIndex, load_corpus_index
+from gristmill.pipeline.service.snapshot import (
     LOG_NAME,
     NEXT_SUFFIX,
     ROWS_NAME,
@@ -170,7 +170,7 @@ class InsertLog:
     def replay(self) -> Iterator[LogRecord]:
         """Yield every intact record, cut a torn tail off, and keep the log open for appending.
 
-        The caller holds the state folder's lock (:func:`pipeline.service.snapshot.lock_state`), so no
+        The caller holds the state folder's lock (:func:`gristmill.pipeline.service.snapshot.lock_state`), so no
         other process reads, or cuts, a log that a live server is appending to.
         """
         self._file = open(self.path, "a+b", buffering=0)  # noqa: SIM115 - held open for the service's life
@@ -373,7 +373,7 @@ class DedupService:
         A folder is tied to what it started from: a snapshot of another index, or of other
         parameters, is refused (:class:`StateError`), as a log written with other parameters is
         (:class:`LogError`). ``part`` = (k, K): of a corpus index, load only the documents of shard k
-        of K (:func:`pipeline.service.shards.home_shard`).
+        of K (:func:`gristmill.pipeline.service.shards.home_shard`).
         """
         if params is None and index_url is None:
             raise ValueError("give the index parameters or a corpus index to start from")
@@ -487,7 +487,7 @@ class DedupService:
         On the loop, in one step with no ``await``: the log is renamed to ``inserts.G.log`` and a new
         one started, the deltas are frozen, and what the snapshot will hold is taken (immutable
         pieces). Then, off the loop: the frozen deltas are sorted, the snapshot written and committed
-        (:func:`pipeline.service.snapshot.write_snapshot`), and what it makes redundant removed. A
+        (:func:`gristmill.pipeline.service.snapshot.write_snapshot`), and what it makes redundant removed. A
         failure anywhere leaves the earlier snapshot and every log after it: nothing is lost.
         """
         self._compacting = True

@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.format.signature_index import IndexParams, params_from_dict, params_to_dict
-from pipeline.service.columns import hash_words, return_freed_memory
-from pipeline.service.index import MAX_NEAR_DUPLICATES
-from pipeline.service.server import (
+from gristmill.pipeline.format.signature_index import IndexParams, params_from_dict, params_to_dict
+from gristmill.pipeline.service.columns import hash_words, return_freed_memory
+from gristmill.pipeline.service.index import MAX_NEAR_DUPLICATES
+from gristmill.pipeline.service.server import (
     Counters,
     DedupService,
     Doc,

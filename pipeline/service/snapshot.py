@@ -33,9 +33,9 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from pipeline.format.signature_index import IndexParams, params_to_dict
-from pipeline.service.columns import BUCKET_SHIFT, BUCKETS, IdColumn, KeyTable, RowStore, Run
-from pipeline.service.index import LiveIndex
+from gristmill.pipeline.format.signature_index import IndexParams, params_to_dict
+from gristmill.pipeline.service.columns import BUCKET_SHIFT, BUCKETS, IdColumn, KeyTable, RowStore, Run
+from gristmill.pipeline.service.index import LiveIndex
 
 SNAPSHOT_FORMAT = 1
 ROWS_NAME = "rows.u64"

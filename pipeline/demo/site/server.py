@@ -7,7 +7,7 @@ through its static host map (``DemoSite.host_map``) and which make the statistic
 crawl's; with ``host_names=False`` they are plain ``http://127.0.0.1:PORT/`` URLs. Only 127.0.0.1 is
 ever bound.
 
-Run ``python -m pipeline.demo.site.server`` to browse the sites by hand.
+Run ``python -m gristmill.pipeline.demo.site.server`` to browse the sites by hand.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from pipeline.demo.site.content import SITE_HOSTS, Page, build_sites
+from gristmill.pipeline.demo.site.content import SITE_HOSTS, Page, build_sites
 
 LOOPBACK = "127.0.0.1"
 

@@ -31,10 +31,10 @@ How damage is counted (the job's identity kept + exact + near + rejected = input
   the job stops rather than lose its documents.
 """
 
-from pipeline.job.inputs.discover import COMPRESSIONS, JSONL_SUFFIXES, classify, resolve_inputs
-from pipeline.job.inputs.faults import InputUnreadable
-from pipeline.job.inputs.readers import read_file, read_piece
-from pipeline.job.inputs.records import (
+from gristmill.pipeline.job.inputs.discover import COMPRESSIONS, JSONL_SUFFIXES, classify, resolve_inputs
+from gristmill.pipeline.job.inputs.faults import InputUnreadable
+from gristmill.pipeline.job.inputs.readers import read_file, read_piece
+from gristmill.pipeline.job.inputs.records import (
     KEY_BITS,
     Doc,
     InputError,
@@ -46,7 +46,7 @@ from pipeline.job.inputs.records import (
     domain_of,
     generated_id,
 )
-from pipeline.job.inputs.splits import (
+from gristmill.pipeline.job.inputs.splits import (
     SPLIT_MAX_PIECES,
     count_newlines,
     cuttable,
@@ -54,7 +54,7 @@ from pipeline.job.inputs.splits import (
     number_lines,
     plan_splits,
 )
-from pipeline.job.inputs.streams import RAW_RECORD_EXPANSION
+from gristmill.pipeline.job.inputs.streams import RAW_RECORD_EXPANSION
 
 __all__ = [
     "COMPRESSIONS", "JSONL_SUFFIXES", "KEY_BITS", "RAW_RECORD_EXPANSION", "SPLIT_MAX_PIECES", "Doc", "InputError",

@@ -11,9 +11,9 @@ from urllib.parse import urlsplit
 
 import fsspec
 
-from pipeline.format import MANIFEST_NAMES, Corpus, CorpusError, has_manifest
-from pipeline.format.storage import is_local
-from pipeline.job.inputs.records import InputError, InputFile, printable
+from gristmill.pipeline.format import MANIFEST_NAMES, Corpus, CorpusError, has_manifest
+from gristmill.pipeline.format.storage import is_local
+from gristmill.pipeline.job.inputs.records import InputError, InputFile, printable
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 # The listing fields that change when a file's content is rewritten: ETag and version id on S3,

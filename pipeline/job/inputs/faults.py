@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from pipeline.job.inputs.records import InputError, describe, printable
+from gristmill.pipeline.job.inputs.records import InputError, describe, printable
 
 Result = TypeVar("Result")
 

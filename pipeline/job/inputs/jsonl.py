@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 
-from pipeline.job.inputs.faults import raise_storage_fault
-from pipeline.job.inputs.records import (
+from gristmill.pipeline.job.inputs.faults import raise_storage_fault
+from gristmill.pipeline.job.inputs.records import (
     Doc,
     Extra,
     InputFile,
@@ -23,7 +23,7 @@ from pipeline.job.inputs.records import (
     names_found,
     record_doc,
 )
-from pipeline.job.inputs.streams import (
+from gristmill.pipeline.job.inputs.streams import (
     RAW_RECORD_EXPANSION,
     bounded_lines,
     decompressed,
@@ -104,7 +104,7 @@ def _jsonl_record(item: InputFile, lineno: int, raw: bytes, options: ReadOptions
 
 def _json_text(value: Any) -> str:
     """How the corpus carries an object, an array or an integer beyond 64 bits: its JSON text
-    (``pipeline.job.extras``). Done here, per line, so a value that cannot be written rejects its line."""
+    (``gristmill.pipeline.job.extras``). Done here, per line, so a value that cannot be written rejects its line."""
     try:
         return orjson.dumps(value).decode("utf-8")
     except orjson.JSONEncodeError:  # lone surrogates, huge integers, nesting orjson refuses

@@ -5,9 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pipeline.format.schemas import LEGACY_SOURCE_COLUMN, SOURCE_COLUMN, passes_through, source_column
-from pipeline.job.inputs.faults import raise_storage_fault
-from pipeline.job.inputs.records import (
+from gristmill.pipeline.format.schemas import (
+    LEGACY_SOURCE_COLUMN,
+    SOURCE_COLUMN,
+    passes_through,
+    source_column,
+)
+from gristmill.pipeline.job.inputs.faults import raise_storage_fault
+from gristmill.pipeline.job.inputs.records import (
     Doc,
     Extra,
     InputFile,
@@ -21,7 +26,7 @@ from pipeline.job.inputs.records import (
     names_found,
     record_doc,
 )
-from pipeline.job.inputs.streams import open_piece
+from gristmill.pipeline.job.inputs.streams import open_piece
 
 # -- Parquet -----------------------------------------------------------------------------------
 _PARQUET_EXTRA = ("url", "final_url", SOURCE_COLUMN, LEGACY_SOURCE_COLUMN, "domain", "language", "fetch_time")

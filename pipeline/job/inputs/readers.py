@@ -6,11 +6,19 @@ import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pipeline.job.inputs.faults import after_failure, fault_class, raise_storage_fault
-from pipeline.job.inputs.jsonl import read_jsonl
-from pipeline.job.inputs.parquet import read_parquet
-from pipeline.job.inputs.records import Doc, InputFile, Piece, ReadOptions, Reject, describe, file_reject
-from pipeline.job.inputs.warc import read_warc
+from gristmill.pipeline.job.inputs.faults import after_failure, fault_class, raise_storage_fault
+from gristmill.pipeline.job.inputs.jsonl import read_jsonl
+from gristmill.pipeline.job.inputs.parquet import read_parquet
+from gristmill.pipeline.job.inputs.records import (
+    Doc,
+    InputFile,
+    Piece,
+    ReadOptions,
+    Reject,
+    describe,
+    file_reject,
+)
+from gristmill.pipeline.job.inputs.warc import read_warc
 
 READERS = {"jsonl": read_jsonl, "parquet": read_parquet, "warc": read_warc}
 

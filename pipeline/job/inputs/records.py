@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import xxhash
 
-from pipeline.format.schemas import RESERVED_COLUMNS
+from gristmill.pipeline.format.schemas import RESERVED_COLUMNS
 
 KEY_BITS = 32  # ordinal bits of a document key; a split holds at most 2**32 records
 FIELDS_SHOWN = 10  # field names a "no text field" reason lists
@@ -84,7 +84,7 @@ class Split:
 @dataclass(frozen=True)
 class Extra:
     """A record's input columns that gristmill does not consume, carried to the shards under their own
-    names (``pipeline.job.extras``): a JSONL record's other fields (``values``), or a Parquet row
+    names (``gristmill.pipeline.job.extras``): a JSONL record's other fields (``values``), or a Parquet row
     (``row`` of ``table``, its row group's pass-through columns as Arrow read them)."""
 
     file: str  # the input file, named when its columns conflict with another file's

@@ -9,8 +9,8 @@ from typing import Any
 
 import fsspec
 
-from pipeline.job.inputs.faults import retrying
-from pipeline.job.inputs.records import InputFile, Piece, Split
+from gristmill.pipeline.job.inputs.faults import retrying
+from gristmill.pipeline.job.inputs.records import InputFile, Piece, Split
 
 # A split's pieces are its read task's argument: at most this many keeps it a few KB whatever the
 # input (a split of small files is cut by count as well as by bytes).

@@ -10,7 +10,7 @@ from typing import Any, BinaryIO
 
 import fsspec
 
-from pipeline.job.inputs.records import Piece, ReadOptions
+from gristmill.pipeline.job.inputs.records import Piece, ReadOptions
 
 _ZSTD_READ_BYTES = 128 * 1024  # compressed bytes decoded at a time
 _STREAM_BUFFER_BYTES = 256 * 1024

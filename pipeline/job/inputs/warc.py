@@ -7,8 +7,8 @@ import io
 from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO, NamedTuple
 
-from pipeline.job.inputs.faults import raise_storage_fault
-from pipeline.job.inputs.records import (
+from gristmill.pipeline.job.inputs.faults import raise_storage_fault
+from gristmill.pipeline.job.inputs.records import (
     Doc,
     InputFile,
     Piece,
@@ -22,7 +22,7 @@ from pipeline.job.inputs.records import (
     optional_str,
     parse_time,
 )
-from pipeline.job.inputs.streams import (
+from gristmill.pipeline.job.inputs.streams import (
     decompressed,
     first_line_start,
     open_piece,
@@ -239,7 +239,7 @@ def _warc_record(item: InputFile, framed: _WarcRecord, position: str, options: R
     text as is."""
     from warcio.archiveiterator import ArchiveIterator
 
-    from crawlers.extract import decode_html, detect_language, extract_text
+    from gristmill.crawlers.extract import decode_html, detect_language, extract_text
 
     if framed.warc_type not in WARC_DOCUMENT_TYPES:
         return Reject(item.source, position, "unsupported", f"unsupported WARC-Type {framed.warc_type[:40]!r}",
