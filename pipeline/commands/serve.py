@@ -12,14 +12,18 @@ from typing import Any
 from gristmill.pipeline.commands import options
 from gristmill.pipeline.service.client import TOKEN_ENV
 
+LOCAL_STATE = "gristmill-serve-state"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", metavar="CORPUS",
                         help="corpus whose signature index to load (written by gristmill dedup); "
                              "default: none, start empty")
-    parser.add_argument("--state-dir", default="gristmill-serve-state", metavar="DIR",
-                        help="local folder for the snapshots, insert logs and memory-mapped signatures "
-                             "(default: %(default)s)")
+    parser.add_argument("--state-dir", metavar="DIR|URL",
+                        help="where the snapshots and insert logs live: a local folder, or with --shards any "
+                             "fsspec store (s3://...), where every insert is shipped before it is acknowledged "
+                             "and a shard can restart on any node (default: INDEX/_serve with --shards and a "
+                             f"--index on a store, else {LOCAL_STATE})")
     options.add_renamed(parser, "--state", "--state-dir", "state_dir")
     parser.add_argument("--job", metavar="TOML",
                         help="read options from this TOML file's [serve] table (or its top level); "
@@ -30,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-address", metavar="ADDR", default=os.environ.get("RAY_ADDRESS"),
                         help="with --shards: the Ray cluster to join (default: $RAY_ADDRESS, else start a "
                              "local Ray)")
+    parser.add_argument("--shard-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="with --shards: longest wait on a shard before a request is answered 503 "
+                             "(default %(default)s)")
     parser.add_argument("--compact-every", type=int, default=1_000_000, metavar="N",
                         help="write a new snapshot in the background after N inserts (default %(default)s)")
     parser.add_argument("--host", default="127.0.0.1",
@@ -78,6 +85,20 @@ def _token(args: argparse.Namespace) -> str | None:
     if TOKEN_ENV in os.environ:
         return check_token(os.environ[TOKEN_ENV], TOKEN_ENV)
     return None
+
+
+def _state_dir(args: argparse.Namespace) -> str:
+    """``--state-dir``, or its default: under a remote ``--index`` with ``--shards`` (nodes share no
+    disk), else a local folder. A store needs ``--shards``: one process keeps its state on its disk."""
+    from gristmill.pipeline.format.storage import is_local, open_fs
+
+    if args.state_dir is None:
+        remote_index = args.index is not None and not is_local(open_fs(args.index)[0])
+        return f"{args.index.rstrip('/')}/_serve" if remote_index and args.shards > 1 else LOCAL_STATE
+    if not is_local(open_fs(args.state_dir)[0]) and (args.shards == 1 or args.export):
+        raise ValueError(f"--state-dir {args.state_dir}: a state on a store needs --shards K (K > 1) and cannot be "
+                         "exported yet; one process keeps its state in a local folder")
+    return args.state_dir
 
 
 def _export(args: argparse.Namespace, params: Any) -> int:
@@ -139,6 +160,9 @@ def run(args: argparse.Namespace) -> int:
                 or args.compact_every < 1 or args.shards < 1):
             raise ValueError("--max-batch, --max-body-bytes, --read-timeout, --compact-every and --shards must be "
                              "positive")
+        if not args.shard_timeout > 0:
+            raise ValueError("--shard-timeout must be positive")
+        args.state_dir = _state_dir(args)
         token = _token(args)
         check_bind(args.host, token)
         params = None if args.index else params_for(args.threshold, args.num_perm, args.ngram)
@@ -160,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
             ray.init(address=args.ray_address, include_dashboard=False, logging_level="ERROR",
                      log_to_driver=False)
             service = ShardedService(args.state_dir, args.shards, params, index_url=args.index,
-                                     compact_every=args.compact_every)
+                                     compact_every=args.compact_every, call_timeout=args.shard_timeout)
             documents = service.stats()["documents"]
             _say(args, f"{documents} documents in {args.shards} shards", documents=documents, shards=args.shards,
                  state_dir=args.state_dir)

@@ -255,16 +255,23 @@ class _S3Store(_Store):
             raise
 
 
+def conditional_store(fs: fsspec.AbstractFileSystem, path: str) -> _Store:
+    """Create-if-absent and compare-and-swap on ``path``: atomic on a local disk and on S3, the
+    documented read-back fallback elsewhere (see the module doc). Also what fences a stale writer of
+    a service shard's log (gristmill.pipeline.service.durable)."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if is_local(fs):
+        return _LocalStore(fs, path)
+    if protocol in ("s3", "s3a"):
+        return _S3Store(fs, path)
+    return _Store(fs, path)
+
+
 def _store_for(url: str, storage_options: Mapping[str, Any] | None) -> tuple[_Store, str]:
     fs, root = open_fs(url, storage_options)
     path = posixpath.join(root, LEASE_NAME)
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     where = path if is_local(fs) else f"{url.rstrip('/')}/{LEASE_NAME}"
-    if is_local(fs):
-        return _LocalStore(fs, path), where
-    if protocol in ("s3", "s3a"):
-        return _S3Store(fs, path), where
-    return _Store(fs, path), where
+    return conditional_store(fs, path), where
 
 
 class Lease:

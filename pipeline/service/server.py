@@ -35,7 +35,7 @@ import os
 import struct
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +77,7 @@ DELTA_DOCS = 16_384  # documents in the newest dict deltas before they are froze
 DEFAULT_COMPACT_EVERY = 1_000_000  # inserts logged after a snapshot before the next is written
 DOC_KEYS = frozenset({"id", "text"})
 DEFAULT_READ_TIMEOUT = 30.0
+RETRY_AFTER_S = 1  # what a 503 tells a client to wait before asking again
 FINGERPRINT_SLICE_CHARS = 512 * 1024  # about 15 ms of hashing: the longest one batch holds the event loop
 
 
@@ -426,16 +427,20 @@ class DedupService:
         for path in [*(sealed_log_path(state, g) for g in sealed_logs(state) if g > after),
                      os.path.join(state, LOG_NAME)]:
             self.log = InsertLog(path, self.params)
-            for record in self.log.replay():
-                bands = band_hashes(record.signature[None, :], self.params.bands, self.params.rows)[0]
-                self.index.insert(record.doc_id, record.content_hash, record.length, record.signature, bands)
-                self.counters.replayed += 1
-                if len(self.index.ids.fresh) >= DELTA_DOCS:
-                    self.index.freeze()
-                    self._settle()
+            self.replay(self.log.replay())
             if path != os.path.join(state, LOG_NAME):
                 self.log.close()
         self.since_snapshot += self.counters.replayed
+
+    def replay(self, records: Iterable[LogRecord]) -> None:
+        """Insert records logged before (here, or on the store by a shard), without logging them again."""
+        for record in records:
+            bands = band_hashes(record.signature[None, :], self.params.bands, self.params.rows)[0]
+            self.index.insert(record.doc_id, record.content_hash, record.length, record.signature, bands)
+            self.counters.replayed += 1
+            if len(self.index.ids.fresh) >= DELTA_DOCS:
+                self.index.freeze()
+                self._settle()
 
     def close(self) -> None:
         """Let go of the folder (files and lock) without any further writes: what a crash leaves."""
@@ -759,6 +764,13 @@ def _error(status: int, reason: str) -> web.Response:
     return web.json_response({"error": reason}, status=status)
 
 
+def _unavailable(reason: str) -> web.Response:
+    """503 with ``Retry-After``: the client may ask again shortly (a shard restarting, a store fault)."""
+    response = _error(503, reason)
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return response
+
+
 async def _read_body(request: web.Request, max_body_bytes: int, read_timeout: float) -> bytes:
     """The whole body, or a :class:`BadRequest` for one too large, malformed or too slow to arrive."""
     if (request.content_length or 0) > max_body_bytes:  # refused before waiting for bytes never used
@@ -808,13 +820,13 @@ def make_app(
             return _error(exc.status, exc.reason)
         except Unavailable as exc:
             log.warning("%s %s: %s", request.method, request.path, exc)
-            return _error(503, str(exc))
+            return _unavailable(str(exc))
         except NoSpace as exc:
             log.error("%s %s: %s", request.method, request.path, exc)
             return _error(507, f"{exc}; nothing of this request was inserted, checks are still answered")
         except LogError as exc:
             log.error("%s %s: %s", request.method, request.path, exc)
-            return _error(503, f"{exc}; nothing of this request was inserted")
+            return _unavailable(f"{exc}; nothing of this request was acknowledged")
         except ConnectionError:
             raise  # the client went away: nobody to answer
         except Exception:

@@ -22,15 +22,22 @@ was added, so it asks again and hears "duplicate" or "new".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
+import shutil
+import socket
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from gristmill.pipeline.format.signature_index import IndexParams, params_from_dict, params_to_dict
+from gristmill.pipeline.format.storage import is_local, open_fs
 from gristmill.pipeline.service.columns import hash_words, return_freed_memory
+from gristmill.pipeline.service.durable import ShardStore, Shipper, check_shard_count
 from gristmill.pipeline.service.index import MAX_NEAR_DUPLICATES
 from gristmill.pipeline.service.server import (
     Counters,
@@ -44,14 +51,19 @@ from gristmill.pipeline.service.server import (
     fingerprints,
     verdict,
 )
+from gristmill.pipeline.service.snapshot import lock_state
+
+log = logging.getLogger("gristmill.serve")
 
 SHARDS_FILE = "shards.json"
 NAMESPACE = "gristmill-serve"
+DEFAULT_CALL_TIMEOUT = 10.0  # seconds a request waits on a shard before it is answered 503
 
 
 def shard_name(state: str, k: int) -> str:
-    """The Ray actor name of shard ``k`` of the state folder ``state`` (one front per folder: it is locked)."""
-    return f"{os.path.abspath(state)}#shard-{k}"
+    """The Ray actor name of shard ``k`` of the state ``state`` (a folder's absolute path, or a store URL):
+    one front per state, as the name is taken once."""
+    return f"{state}#shard-{k}"
 
 
 def home_shard(digests: Sequence[str], shards: int) -> np.ndarray:
@@ -59,36 +71,83 @@ def home_shard(digests: Sequence[str], shards: int) -> np.ndarray:
     return (hash_words(list(digests))[:, 0] % np.uint64(shards)).astype(np.int64)
 
 
-class Shard:
-    """One shard: a :class:`DedupService` on its own state folder, driven by the front (a Ray actor)."""
+class Restarted(LogError):
+    """The shard restarted between a request's insert and its wait for durability: not acknowledged."""
 
-    def __init__(self, state: str, params: dict[str, Any] | None, index_url: str | None, part: tuple[int, int],
-                 compact_every: int) -> None:
+
+class Shard:
+    """One shard: a :class:`DedupService` driven by the front (a Ray actor). With ``store_url`` its
+    inserts are shipped to the store (:mod:`gristmill.pipeline.service.durable`) and its folder on the
+    node is a scratch copy rebuilt from the store at every start, so it may start on any node."""
+
+    def __init__(self, state: str | None, params: dict[str, Any] | None, index_url: str | None, part: tuple[int, int],
+                 compact_every: int, store_url: str | None = None) -> None:
         return_freed_memory()  # the actor's process is the shard's own
-        self.service = DedupService(state, params_from_dict(params, state) if params else None,
-                                    index_url=index_url, compact_every=compact_every, part=part)
+        parsed = params_from_dict(params, store_url or state) if params else None
+        self.scratch = None
+        if store_url is None:
+            assert state is not None
+            self.service = DedupService(state, parsed, index_url=index_url, compact_every=compact_every, part=part)
+            self.shipper: Shipper | None = None
+            return
+        self.scratch = scratch_folder(part[0])
+        # the local snapshots of a scratch copy would be thrown away: only the store's count
+        self.service = DedupService(self.scratch, parsed, index_url=index_url, compact_every=2**62, part=part)
+        try:
+            store = ShardStore(store_url, self.service.params)
+            self.service.replay(record for batch in store.open() for record in batch)
+            self.shipper = Shipper(store, self.service.index, compact_every)
+            store.write_placement({"node": self.node(), "host": socket.gethostname(), "pid": os.getpid()})
+        except BaseException:
+            self.close()
+            raise
+        log.info("%s: generation %d took over at segment %d with %d documents", store_url, store.generation,
+                 store.last, len(self.service.index))
 
     def params(self) -> dict[str, Any]:
         return params_to_dict(self.service.params)
 
-    async def lookup(self, digests: list[str], signatures: np.ndarray, bands: np.ndarray) -> list[tuple[Any, list]]:
-        """(exact twin id, [(near id, similarity)]) per document, once everything they rely on is durable."""
+    async def lookup(self, digests: list[str], signatures: np.ndarray, bands: np.ndarray,
+                     durable: bool = True) -> tuple[list[tuple[Any, list]], Ticket]:
+        """(exact twin id, [(near id, similarity)]) per document, and the ticket that makes everything
+        they rely on durable; with ``durable``, answered only once it is."""
         index = self.service.index
         found = []
         for digest, signature, row in zip(digests, signatures, bands, strict=True):
             exact, near = index.lookup(digest, row, signature)
             found.append((None if exact is None else index.ids[exact], [(index.ids[j], sim) for j, sim in near]))
-        await self.service.log.sync(self.service.log.written)
-        return found
+        if self.shipper is None:
+            await self.service.log.sync(self.service.log.written)
+            return found, None
+        ticket = (self.shipper.store.generation, self.shipper.queued)
+        if durable:
+            await self.sync(ticket)
+        return found, ticket
 
-    async def insert(self, records: list[tuple[str, str, int, np.ndarray]]) -> int:
-        """Insert documents the front found new; returns once they are durable."""
+    async def insert(self, records: list[tuple[str, str, int, np.ndarray]]) -> tuple[int, Ticket]:
+        """Insert documents the front found new; returns the index size and the ticket to :meth:`sync`
+        (on a local state folder: returns once they are durable, with no ticket)."""
         service = self.service
-        durable_at = service.commit([LogRecord(*r) for r in records])
+        logged = [LogRecord(*r) for r in records]
+        durable_at = service.commit(logged)
         written_to = service.log
         service.after_insert()
-        await written_to.sync(durable_at)
-        return len(service.index)
+        if self.shipper is None:
+            await written_to.sync(durable_at)
+            return len(service.index), None
+        return len(service.index), (self.shipper.store.generation, self.shipper.add(logged))
+
+    async def sync(self, ticket: tuple[int, int]) -> None:
+        """Return once every insert up to ``ticket`` is on the store."""
+        assert self.shipper is not None
+        generation, upto = ticket
+        if generation != self.shipper.store.generation:
+            raise Restarted(f"{self.shipper.store.url}: the shard restarted (generation {generation} -> "
+                            f"{self.shipper.store.generation}) before the inserts were on the store")
+        try:
+            await self.shipper.sync(upto)
+        except OSError as exc:
+            raise LogError(f"{self.shipper.store.url}: cannot ship inserts ({exc}); retrying") from None
 
     def stats(self) -> dict[str, Any]:
         return self.service.stats()
@@ -103,77 +162,122 @@ class Shard:
 
     def close(self) -> None:
         self.service.close()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+Ticket = tuple[int, int] | None  # (generation, inserts queued): what a shard's sync waits for
+
+
+def scratch_folder(k: int) -> str:
+    """A new folder on this node for a shard's scratch copy; those of shards no longer running go
+    (their lock is free: a killed process leaves its folder behind)."""
+    root = os.path.join(tempfile.gettempdir(), "gristmill-shards")
+    os.makedirs(root, exist_ok=True)
+    for name in os.listdir(root):
+        with contextlib.suppress(StateError, OSError):
+            lock_state(os.path.join(root, name)).close()
+            shutil.rmtree(os.path.join(root, name))
+    return tempfile.mkdtemp(prefix=f"shard-{k}-", dir=root)
 
 
 class ShardedService:
     """The HTTP front's side of ``serve --shards``: hashing, routing and the add lock; the same
-    ``handle``/``stats``/``counters`` as :class:`DedupService`, so one HTTP app serves both."""
+    ``handle``/``stats``/``counters`` as :class:`DedupService`, so one HTTP app serves both.
+
+    ``state`` on a store (``s3://...``): the shard count and each shard's log live there, shards are
+    spread over the nodes by Ray and restart on any node. A local folder: each shard's folder is on
+    the node it is pinned to (a cluster whose nodes share that disk)."""
 
     def __init__(self, state: str, shards: int, params: IndexParams | None, *, index_url: str | None = None,
-                 compact_every: int, nodes: Sequence[str] | None = None) -> None:
+                 compact_every: int, nodes: Sequence[str] | None = None,
+                 call_timeout: float = DEFAULT_CALL_TIMEOUT) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        state = os.path.abspath(state)
-        os.makedirs(state, exist_ok=True)
-        _check_shard_count(state, shards)
-        nodes = list(nodes or [n["NodeID"] for n in ray.nodes() if n["Alive"]])
+        self.call_timeout = call_timeout
+        fs, _ = open_fs(state)
+        self.durable = not is_local(fs)
         actor = ray.remote(Shard)
-        self.shards = [
-            actor.options(num_cpus=0, max_restarts=-1, max_concurrency=64, namespace=NAMESPACE, name=shard_name(state, k),
-                          scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[k % len(nodes)], soft=False)).remote(
-                os.path.join(state, f"shard-{k}"), params_to_dict(params) if params else None, index_url, (k, shards),
-                compact_every)
-            for k in range(shards)
-        ]
+        options = {"num_cpus": 0, "max_restarts": -1, "max_concurrency": 64, "namespace": NAMESPACE}
+        config = (params_to_dict(params) if params else None, index_url)
+        if self.durable:
+            state = state.rstrip("/")
+            check_shard_count(state, shards)
+            self.shards = [actor.options(**options, name=shard_name(state, k), scheduling_strategy="SPREAD").remote(
+                None, *config, (k, shards), compact_every, f"{state}/shard-{k}") for k in range(shards)]
+        else:
+            state = os.path.abspath(state)
+            os.makedirs(state, exist_ok=True)
+            _check_shard_count(state, shards)
+            nodes = list(nodes or [n["NodeID"] for n in ray.nodes() if n["Alive"]])
+            self.shards = [
+                actor.options(**options, name=shard_name(state, k), scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    nodes[k % len(nodes)], soft=False)).remote(
+                    os.path.join(state, f"shard-{k}"), *config, (k, shards), compact_every)
+                for k in range(shards)
+            ]
         self.params = params_from_dict(ray.get(self.shards[0].params.remote()), state)
         self.hasher = self.params.hasher()
         self.counters = Counters()
         self._documents = sum(s["documents"] for s in ray.get([s.stats.remote() for s in self.shards]))
         self._add_lock = asyncio.Lock()
 
-    async def _call(self, method: str, per_shard: Sequence[Sequence[Any]]) -> list[Any]:
+    async def _call(self, method: str, per_shard: Sequence[Sequence[Any] | None]) -> list[Any]:
+        """``method`` on every shard given arguments (None: not called), answers in shard order (None for
+        those not called). A shard down, restarting or slower than ``call_timeout``: :class:`Unavailable`."""
         import ray
 
-        calls = [getattr(shard, method).remote(*args) for shard, args in zip(self.shards, per_shard, strict=True)
-                 if args is not None]
+        calls = {k: getattr(shard, method).remote(*args)
+                 for k, (shard, args) in enumerate(zip(self.shards, per_shard, strict=True)) if args is not None}
         try:
-            return list(await asyncio.gather(*calls))
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            answers = await asyncio.wait_for(asyncio.gather(*calls.values()), self.call_timeout)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                ray.exceptions.ActorUnschedulableError, asyncio.TimeoutError) as exc:
             raise Unavailable(f"a shard is unavailable ({type(exc).__name__}); nothing of this request was "
                               "acknowledged; retry shortly") from None
         except ray.exceptions.RayTaskError as exc:  # a shard's own error (a full disk: NoSpace), without Ray's traceback
             if isinstance(exc.cause, LogError):
                 raise exc.cause from None
             raise
+        by_shard = dict(zip(calls, answers, strict=True))
+        return [by_shard.get(k) for k in range(len(self.shards))]
 
-    async def _lookup(self, prints: Fingerprints) -> list[tuple[str | None, list[tuple[str, float]]]]:
-        answers = await self._call("lookup", [(prints.digests, prints.signatures, prints.bands)] * len(self.shards))
+    async def _lookup(self, prints: Fingerprints, durable: bool) -> tuple[list[tuple[str | None, list[tuple[str, float]]]],
+                                                                         list[Ticket]]:
+        answers = await self._call("lookup", [(prints.digests, prints.signatures, prints.bands, durable)]
+                                   * len(self.shards))
         merged = []
         for i in range(len(prints.digests)):
-            exact = next((a[i][0] for a in answers if a[i][0] is not None), None)
-            near = sorted((pair for a in answers for pair in a[i][1]), key=lambda pair: -pair[1])
+            exact = next((a[i][0] for a, _ in answers if a[i][0] is not None), None)
+            near = sorted((pair for a, _ in answers for pair in a[i][1]), key=lambda pair: -pair[1])
             merged.append((exact, near[:MAX_NEAR_DUPLICATES]))
-        return merged
+        return merged, [ticket for _, ticket in answers]
 
     async def handle(self, docs: Sequence[Doc], add: bool) -> list[dict[str, Any]]:
+        """Check, or add under the add lock; an add is answered once every insert it relies on (its own
+        and those its lookups saw, on every shard) is durable, a wait taken outside the lock so that
+        the adds arriving meanwhile share the shards' next group commit."""
         prints = await fingerprints(self.hasher, self.params, docs)
         ids = [d.doc_id if d.doc_id is not None else digest for d, digest in zip(docs, prints.digests, strict=True)]
         if not add:
-            found = await self._lookup(prints)
+            found, _ = await self._lookup(prints, durable=True)
             results = [verdict(i, h, False, exact, near) for i, h, (exact, near) in zip(ids, prints.digests, found,
                                                                                         strict=True)]
             self.counters.count(results)
             return results
         async with self._add_lock:
-            found = await self._lookup(prints)
+            found, tickets = await self._lookup(prints, durable=False)
             results, new = self._decide(docs, ids, prints, found)
             home = home_shard([prints.digests[i] for i in new], len(self.shards)) if new else np.zeros(0, np.int64)
             records: list[list[Any]] = [[] for _ in self.shards]
             for i, k in zip(new, home.tolist(), strict=True):
                 records[k].append((ids[i], prints.digests[i], len(docs[i].text), prints.signatures[i]))
-            await self._call("insert", [(r,) if r else None for r in records])
+            inserted = await self._call("insert", [(r,) if r else None for r in records])
+            tickets = [answer[1] if answer is not None else ticket for answer, ticket in zip(inserted, tickets,
+                                                                                              strict=True)]
             self._documents += len(new)
+        await self._call("sync", [(t,) if t is not None else None for t in tickets])
         self.counters.count(results)
         self.counters.added += len(new)
         return results

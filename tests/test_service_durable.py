@@ -1,0 +1,136 @@
+"""A service shard's log on S3 (moto on loopback): group commit, snapshots, recovery and the fence that
+keeps a stale writer from forking the shard (pipeline/service/durable.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import s3fs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gristmill.dedup.lsh import band_hashes
+from gristmill.pipeline.format.signature_index import params_for
+from gristmill.pipeline.service.columns import ROW_HEAD, RowStore
+from gristmill.pipeline.service.durable import (
+    Fenced,
+    ShardStore,
+    Shipper,
+    check_shard_count,
+    decode_segment,
+    encode_segment,
+    segment_name,
+)
+from gristmill.pipeline.service.index import LiveIndex
+from gristmill.pipeline.service.server import LogRecord, StateError
+
+PARAMS = params_for(0.8, 16, 5)
+
+
+def record(n: int) -> LogRecord:
+    rng = np.random.default_rng(n)
+    return LogRecord(f"doc-{n}", f"{n:032x}", 100 + n, rng.integers(0, 2**63, 16, dtype=np.uint64))
+
+
+def replayed(url: str) -> tuple[ShardStore, list[str]]:
+    """A new writer's start: every record it recovers, and the store it now holds."""
+    store = ShardStore(url, PARAMS)
+    return store, [r.doc_id for batch in store.open() for r in batch]
+
+
+def live_index(folder: str) -> LiveIndex:
+    return LiveIndex(PARAMS, RowStore(f"{folder}/rows.u64", PARAMS.num_perm + ROW_HEAD))
+
+
+def insert(index: LiveIndex, records: list[LogRecord]) -> None:
+    for r in records:
+        bands = band_hashes(r.signature[None, :], PARAMS.bands, PARAMS.rows)[0]
+        index.insert(r.doc_id, r.content_hash, r.length, r.signature, bands)
+
+
+def test_a_stale_writer_is_fenced_and_cannot_fork_the_shard(s3_bucket: str) -> None:
+    url = f"{s3_bucket}/state/shard-0"
+    old, found = replayed(url)
+    assert found == [] and old.generation == 1
+    for n in range(3):
+        old.append([record(n)])  # acknowledged by the old writer
+    new, found = replayed(url)  # the shard restarted elsewhere while the old one was cut off
+    assert found == ["doc-0", "doc-1", "doc-2"] and new.generation == 2
+    with pytest.raises(Fenced, match="newer generation"):
+        old.append([record(99)])  # the old node comes back: refused, so never acknowledged
+    with pytest.raises(Fenced):
+        old.append([record(100)])  # and for good
+    new.append([record(3)])
+    _, found = replayed(url)
+    assert found == ["doc-0", "doc-1", "doc-2", "doc-3"]  # one history, nothing of the stale writer's
+
+
+def test_a_retried_segment_that_had_landed_is_not_taken_for_a_fence(s3_bucket: str) -> None:
+    url = f"{s3_bucket}/state/shard-0"
+    writer, _ = replayed(url)
+    writer.append([record(1)])
+    writer.last -= 1  # its answer was lost: the same segment is shipped again
+    writer.append([record(1)])
+    assert replayed(url)[1] == ["doc-1"]
+
+
+def test_group_commit_snapshot_and_recovery(s3_bucket: str, s3_server: dict, tmp_path: Path) -> None:
+    url = f"{s3_bucket}/state/shard-0"
+    store, _ = replayed(url)
+    index = live_index(str(tmp_path))
+    shipper = Shipper(store, index, compact_every=5)
+
+    async def add_concurrently() -> None:
+        async def one(n: int) -> None:
+            records = [record(n)]
+            insert(index, records)
+            await shipper.sync(shipper.add(records))
+
+        await asyncio.gather(*(one(n) for n in range(12)))
+        await shipper.drain()
+
+    asyncio.run(add_concurrently())
+    fs = s3fs.S3FileSystem(**s3_server["storage_options"], skip_instance_cache=True)
+    segments = fs.ls(f"{url}/log")
+    assert len(segments) < 1 + 12  # the fence, then fewer PUTs than adds: adds shared segments
+    assert fs.ls(f"{url}/snapshot")  # written after compact_every inserts
+    _, found = replayed(url)
+    assert sorted(found) == sorted(f"doc-{n}" for n in range(12))
+
+
+def test_a_missing_segment_is_an_error_naming_it(s3_bucket: str, s3_server: dict) -> None:
+    url = f"{s3_bucket}/state/shard-0"
+    writer, _ = replayed(url)
+    for n in range(3):
+        writer.append([record(n)])
+    fs = s3fs.S3FileSystem(**s3_server["storage_options"], skip_instance_cache=True)
+    fs.rm(f"{url}/log/{segment_name(2)}")
+    with pytest.raises(StateError, match=f"{url}/log/{segment_name(2)}: missing"):
+        replayed(url)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cut=st.integers(min_value=0), flip=st.integers(min_value=0), junk=st.binary(max_size=64))
+def test_a_damaged_segment_is_an_error_naming_it(cut: int, flip: int, junk: bytes) -> None:
+    whole = encode_segment(1, 7, PARAMS, [record(1), record(2)])
+    where = "s3://bucket/state/shard-0/log/x.seg"
+    flipped = bytearray(whole)
+    flipped[flip % len(whole)] ^= 0x40
+    for damaged in (whole[: cut % len(whole)], bytes(flipped), junk, whole + junk[:1]):
+        try:
+            _, records = decode_segment(damaged, where, PARAMS)
+        except StateError as exc:
+            assert str(exc).startswith(where + ": ")
+            continue
+        # what still decodes is every record (a flip inside the head's JSON may keep it valid JSON)
+        assert [r.doc_id for r in records] == ["doc-1", "doc-2"]
+
+
+def test_the_shard_count_is_kept_in_the_store(s3_bucket: str) -> None:
+    check_shard_count(f"{s3_bucket}/state", 2)
+    check_shard_count(f"{s3_bucket}/state", 2)
+    with pytest.raises(StateError, match="built with --shards 2, not 3"):
+        check_shard_count(f"{s3_bucket}/state", 3)
