@@ -27,7 +27,8 @@ import pytest
 from gristmill.pipeline.cli import main
 from gristmill.pipeline.format.signature_index import IndexParams, SignatureTable, load_index, write_index
 from gristmill.pipeline.service.client import AsyncDedupClient, DedupClient, ServiceError
-from gristmill.pipeline.service.server import DedupService, LogError
+from gristmill.pipeline.service.core import DedupService
+from gristmill.pipeline.service.insert_log import LogError
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = [f"w{i}" for i in range(5000)]
@@ -352,3 +353,4 @@ def test_export_replaces_only_an_earlier_export(tmp_path: Path, capsys: pytest.C
         assert main(["serve", "--state", state, "--export", str(target)]) == 2
         assert reason in capsys.readouterr().err
     assert Corpus.open(str(corpus)).num_rows == 1 and (tmp_path / "home" / "notes.txt").read_text() == "mine"
+

@@ -25,7 +25,8 @@ from gristmill.pipeline.service.durable import (
     segment_name,
 )
 from gristmill.pipeline.service.index import LiveIndex
-from gristmill.pipeline.service.server import LogRecord, StateError
+from gristmill.pipeline.service.insert_log import LogRecord
+from gristmill.pipeline.service.snapshot import StateError
 
 PARAMS = params_for(0.8, 16, 5)
 

@@ -21,7 +21,7 @@ from test_service import start_server, text
 
 from gristmill.pipeline.format.signature_index import params_for
 from gristmill.pipeline.service.client import DedupClient
-from gristmill.pipeline.service.server import DedupService, Doc
+from gristmill.pipeline.service.core import DedupService, Doc
 
 GUARD_S = 60  # only so a dying server fails the test instead of hanging it; nothing is timed
 ROWS_CAPACITY = 1024  # RowStore.GROW_ROWS: the first growth of the rows file

@@ -29,7 +29,8 @@ from test_service import Server, start_server, text
 from gristmill.pipeline.cli import main
 from gristmill.pipeline.format.signature_index import params_for
 from gristmill.pipeline.service.client import AsyncDedupClient, DedupClient, ServiceError
-from gristmill.pipeline.service.server import FINGERPRINT_SLICE_CHARS, DedupService, Doc, check_token
+from gristmill.pipeline.service.core import FINGERPRINT_SLICE_CHARS, DedupService, Doc
+from gristmill.pipeline.service.server import check_token
 
 GUARD_S = 60  # only so a broken server fails the test instead of hanging it; nothing is timed
 STATE_KEYS = ("documents", "added_since_base", "checked", "new", "added", "exact_duplicates",

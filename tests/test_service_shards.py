@@ -16,7 +16,7 @@ from test_service import Server, start_server, text, variant
 
 from gristmill.pipeline.format.signature_index import params_for
 from gristmill.pipeline.service.client import AsyncDedupClient, DedupClient, ServiceError
-from gristmill.pipeline.service.server import DedupService, Doc
+from gristmill.pipeline.service.core import DedupService, Doc
 from gristmill.pipeline.service.shards import NAMESPACE, shard_name
 
 

@@ -19,18 +19,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_service import text, variant
 
-import gristmill.pipeline.service.server as server_module
+import gristmill.pipeline.service.core as core_module
 import gristmill.pipeline.service.snapshot as snapshot_module
 from gristmill.pipeline.format.signature_index import IndexParams
-from gristmill.pipeline.service.server import DedupService, Doc, StateError
-from gristmill.pipeline.service.snapshot import sealed_logs, snapshots
+from gristmill.pipeline.service.core import DedupService, Doc
+from gristmill.pipeline.service.snapshot import StateError, sealed_logs, snapshots
 
 PARAMS = IndexParams(num_perm=64, ngram=3, bands=8, rows=8, seed=7, threshold=0.7)
 
 
 @pytest.fixture(autouse=True)
 def small_deltas(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server_module, "DELTA_DOCS", 16)
+    monkeypatch.setattr(core_module, "DELTA_DOCS", 16)
 
 
 def stream(count: int, seed: int = 0) -> Iterator[list[Doc]]:
@@ -121,8 +121,8 @@ def crash_points(monkeypatch: pytest.MonkeyPatch, at: int) -> list[str]:
 
         monkeypatch.setattr(owner, name, step)
 
-    wrap(server_module, "fsync_dir")  # after the log is sealed (renamed)
-    wrap(server_module.InsertLog, "replay")  # the new active log is started
+    wrap(core_module, "fsync_dir")  # after the log is sealed (renamed)
+    wrap(core_module.InsertLog, "replay")  # the new active log is started
     wrap(snapshot_module._HashingFile, "close")  # each snapshot file made durable
     wrap(snapshot_module, "fsync_dir")  # the snapshot folder, then its rename (the commit)
     wrap(snapshot_module.shutil, "rmtree")  # the older snapshot removed

@@ -104,7 +104,7 @@ def _state_dir(args: argparse.Namespace) -> str:
 def _export(args: argparse.Namespace, params: Any) -> int:
     """Write every document of the state (each shard's in turn, one open at a time) as a corpus index."""
     from gristmill.pipeline.format.signature_index import write_index
-    from gristmill.pipeline.service.server import DedupService
+    from gristmill.pipeline.service.core import DedupService
 
     folders = ([args.state_dir] if args.shards == 1
                else [os.path.join(args.state_dir, f"shard-{k}") for k in range(args.shards)])
@@ -142,13 +142,10 @@ def run(args: argparse.Namespace) -> int:
     from gristmill.pipeline.format import CorpusError
     from gristmill.pipeline.format.signature_index import check_export_folder, params_for
     from gristmill.pipeline.service.columns import return_freed_memory
-    from gristmill.pipeline.service.server import (
-        DedupService,
-        LogError,
-        StateError,
-        check_bind,
-        serve_forever,
-    )
+    from gristmill.pipeline.service.core import DedupService
+    from gristmill.pipeline.service.insert_log import LogError
+    from gristmill.pipeline.service.server import check_bind, serve_forever
+    from gristmill.pipeline.service.snapshot import StateError
 
     return_freed_memory()  # process-wide allocator settings: the serving process is ours alone
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,

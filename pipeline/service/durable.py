@@ -49,7 +49,8 @@ from gristmill.pipeline.format.lease import conditional_store
 from gristmill.pipeline.format.signature_index import IndexParams, params_to_dict
 from gristmill.pipeline.format.storage import open_fs
 from gristmill.pipeline.service.columns import ROW_HEAD, IdColumn, hash_hex
-from gristmill.pipeline.service.server import LogError, LogRecord, StateError
+from gristmill.pipeline.service.insert_log import RECORD_HEAD, LogError, LogRecord
+from gristmill.pipeline.service.snapshot import StateError
 
 log = logging.getLogger("gristmill.serve")
 
@@ -57,7 +58,6 @@ SEGMENT_MAGIC = b"GRISTMILL-SHARD-SEGMENT\x001\n"
 SEGMENT_RECORDS = 4096  # most inserts one group commit ships
 SEQ_DIGITS = 16
 SHARDS_NAME = "shards.json"
-_RECORD_HEAD = struct.Struct("<IQ")
 
 
 class Fenced(LogError):
@@ -88,12 +88,12 @@ def decode_segment(data: bytes, where: str, params: IndexParams) -> tuple[dict[s
             raise ValueError(f"written for index parameters {head['params']}, not {_params(params)}")
         records = []
         while offset < len(data):
-            length, digest = _RECORD_HEAD.unpack_from(data, offset)
-            payload = data[offset + _RECORD_HEAD.size : offset + _RECORD_HEAD.size + length]
+            length, digest = RECORD_HEAD.unpack_from(data, offset)
+            payload = data[offset + RECORD_HEAD.size : offset + RECORD_HEAD.size + length]
             if len(payload) != length or xxhash.xxh3_64_intdigest(payload) != digest:
                 raise ValueError(f"record at byte {offset} fails its checksum")
             records.append(LogRecord.decode(payload, params.num_perm))
-            offset += _RECORD_HEAD.size + length
+            offset += RECORD_HEAD.size + length
         if len(records) != head["records"]:  # cut at a record's end: every record checks out, some are gone
             raise ValueError(f"holds {len(records)} records, its head says {head['records']}")
     except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:

@@ -37,21 +37,19 @@ import numpy as np
 from gristmill.pipeline.format.signature_index import IndexParams, params_from_dict, params_to_dict
 from gristmill.pipeline.format.storage import is_local, open_fs
 from gristmill.pipeline.service.columns import hash_words, return_freed_memory
-from gristmill.pipeline.service.durable import ShardStore, Shipper, check_shard_count
-from gristmill.pipeline.service.index import MAX_NEAR_DUPLICATES
-from gristmill.pipeline.service.server import (
+from gristmill.pipeline.service.core import (
     Counters,
     DedupService,
     Doc,
     Fingerprints,
-    LogError,
-    LogRecord,
-    StateError,
     Unavailable,
     fingerprints,
     verdict,
 )
-from gristmill.pipeline.service.snapshot import lock_state
+from gristmill.pipeline.service.durable import ShardStore, Shipper, check_shard_count
+from gristmill.pipeline.service.index import MAX_NEAR_DUPLICATES
+from gristmill.pipeline.service.insert_log import LogError, LogRecord
+from gristmill.pipeline.service.snapshot import StateError, lock_state
 
 log = logging.getLogger("gristmill.serve")
 
