@@ -354,3 +354,23 @@ def test_export_replaces_only_an_earlier_export(tmp_path: Path, capsys: pytest.C
         assert reason in capsys.readouterr().err
     assert Corpus.open(str(corpus)).num_rows == 1 and (tmp_path / "home" / "notes.txt").read_text() == "mine"
 
+
+def test_export_takes_the_output_lease(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """An export is a writer of its output folder like gristmill dedup: refused while another job holds
+    the folder's lease (pipeline/format/lease.py), which it leaves as it found it."""
+    from gristmill.pipeline.format.lease import LEASE_NAME, Lease
+
+    state, out = str(tmp_path / "state"), tmp_path / "out"
+    assert main(["serve", "--state", state, "--export", str(out)]) == 0
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    other = Lease(str(out), "a gristmill dedup job")
+    other.acquire()
+    try:
+        capsys.readouterr()
+        assert main(["serve", "--state", state, "--export", str(out)]) == 2
+        assert "being written by another job" in capsys.readouterr().err
+        assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == sorted([*before, LEASE_NAME])  # nothing written
+    finally:
+        other.release()
+    assert main(["serve", "--state", state, "--export", str(out)]) == 0  # given back: the next export runs
+    assert not (out / LEASE_NAME).exists()

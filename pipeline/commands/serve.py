@@ -103,6 +103,7 @@ def _state_dir(args: argparse.Namespace) -> str:
 
 def _export(args: argparse.Namespace, params: Any) -> int:
     """Write every document of the state (each shard's in turn, one open at a time) as a corpus index."""
+    from gristmill.pipeline.format.lease import acquire_leases, release_leases
     from gristmill.pipeline.format.signature_index import write_index
     from gristmill.pipeline.service.core import DedupService
 
@@ -123,10 +124,13 @@ def _export(args: argparse.Namespace, params: Any) -> int:
                 service.close()
 
     first = opened[0]
+    # one writer per output folder, as for gristmill dedup: another job is refused, this same export waits
+    leases = acquire_leases([args.export], f"serve-export:{os.path.abspath(args.state_dir)}")
     try:
         name = write_index(args.export, first.params, tables(),
                            stats={"exported_from": os.path.abspath(args.state_dir), "shards": args.shards})
     finally:
+        release_leases(leases)
         for service in opened:
             service.close()
     path = f"{args.export.rstrip('/')}/{name}"
