@@ -19,6 +19,11 @@ objects. "start s" is the time to get there (service over HTTP: process start to
 
 ``--shards 2`` rows run the same front with two shard actors on a local Ray.
 
+``--durable`` measures instead ``--shards 2`` with each shard's state on a store against a local state
+folder (fsync): moto behind benchmarks/shaped_store.py at ``--latency`` (20 ms) per request, the
+state in ``s3://.../state`` (every add acknowledged only once its log segment is on the store), beside
+the same front with local state folders, at batch sizes 1 and 64; the ratio is durable / local.
+
 ``--sizes N,...`` measures memory instead: a synthetic corpus index of N documents (random
 signatures), loaded by ``gristmill serve --index`` in its own process; load time, resident and peak
 anonymous bytes per document (the memory-mapped rows file not counted), bytes per document added
@@ -28,6 +33,7 @@ side by side at the smallest size.
     .venv-bench/bin/python benchmarks/service_load.py --runs 3
     .venv-bench/bin/python benchmarks/service_load.py --runs 3 --base 100000
     .venv-bench/bin/python benchmarks/service_load.py --sizes 1000000 --runs 2 --landed /tmp/landed
+    .venv-bench/bin/python benchmarks/service_load.py --durable --runs 3
 """
 
 from __future__ import annotations
@@ -126,10 +132,13 @@ async def http_pass(url: str, docs: list[tuple[str, str]], batch: int, clients: 
     return {"docs_per_s": len(docs) / elapsed, "latencies": latencies, "duplicates": duplicates}
 
 
-def run_http(docs: list[tuple[str, str]], batch: int, clients: int, base: str | None, shards: int = 1) -> dict:
+def run_http(docs: list[tuple[str, str]], batch: int, clients: int, base: str | None, shards: int = 1,
+             state_dir: str | None = None) -> dict:
+    """Both passes against a fresh service; ``state_dir`` (a store URL) instead of the temporary folder."""
     with tempfile.TemporaryDirectory() as state:
         started = time.perf_counter()
-        proc, url = start_service(state, base, "--shards", str(shards))
+        extra = ("--state-dir", state_dir) if state_dir else ()
+        proc, url = start_service(state, base, "--shards", str(shards), *extra)
         start_s = time.perf_counter() - started
         try:
             asyncio.run(http_pass(url, docs[:64], batch, clients, add=False))  # warm-up: connections, caches
@@ -145,7 +154,7 @@ def run_http(docs: list[tuple[str, str]], batch: int, clients: int, base: str | 
 def run_in_process(docs: list[tuple[str, str]], batch: int, base: str | None) -> dict:
     from gristmill.pipeline.format.signature_index import params_for
     from gristmill.pipeline.service.columns import return_freed_memory
-    from gristmill.pipeline.service.server import DedupService, Doc
+    from gristmill.pipeline.service.core import DedupService, Doc
 
     return_freed_memory()  # as `gristmill serve` does
     with tempfile.TemporaryDirectory() as state:
@@ -391,6 +400,47 @@ def summarise(runs: list[dict]) -> dict:
     return out
 
 
+def durable_table(docs: list[tuple[str, str]], runs: int, clients: int, latency: float) -> None:
+    """``--shards 2`` with the state on a shaped store against local state folders, side by side."""
+    import uuid
+
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from shaped_store import Shape, ShapedStore
+
+    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"})
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    host, port = moto.get_host_and_port()
+    try:
+        with ShapedStore(f"http://{host}:{port}", Shape(latency=latency)) as store:
+            os.environ["AWS_ENDPOINT_URL"] = store.endpoint  # the front and the shards (Ray workers) inherit it
+            fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": store.endpoint}, skip_instance_cache=True)
+
+            def on_store(batch: int) -> dict:
+                bucket = f"bench-{uuid.uuid4().hex[:8]}"
+                fs.mkdir(bucket)
+                return run_http(docs, batch, clients, None, shards=2, state_dir=f"s3://{bucket}/state")
+
+            print("| --shards 2, state | batch | mode | docs/s | durable / local | p50 ms / request | p99 ms / request |")
+            print("|---|---|---|---:|---:|---:|---:|")
+            for batch in (1, 64):
+                local = summarise([run_http(docs, batch, clients, None, shards=2) for _ in range(runs)])
+                durable = summarise([on_store(batch) for _ in range(runs)])
+                for name, row in (("local folders (fsync)", local),
+                                  (f"s3 via shaped store ({latency * 1000:g} ms)", durable)):
+                    for mode in ("check+add", "check"):
+                        r = row[mode]
+                        ratio = r["docs_per_s"] / local[mode]["docs_per_s"]
+                        print(f"| {name} | {batch} | {mode} | {r['docs_per_s']:,.0f} | {ratio:.2f} | {r['p50_ms']:.1f} "
+                              f"| {r['p99_ms']:.1f} |", flush=True)
+            print(json.dumps(store.stats()["kinds"]), file=sys.stderr)
+    finally:
+        moto.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=3000, help="documents per pass (default %(default)s)")
@@ -402,7 +452,14 @@ def main() -> None:
                         help="with --sizes: documents added through /add twice, memory measured over the second")
     parser.add_argument("--landed", type=Path, metavar="CHECKOUT",
                         help="with --sizes: also measure this checkout of an earlier gristmill (smallest size only)")
+    parser.add_argument("--durable", action="store_true",
+                        help="instead: --shards 2 with the state on a shaped store against local state folders")
+    parser.add_argument("--latency", type=float, default=0.02,
+                        help="with --durable: the store's seconds per request (default %(default)s)")
     args = parser.parse_args()
+    if args.durable:
+        durable_table(load_documents(args.docs), args.runs, args.clients, args.latency)
+        return
     if args.sizes:
         sizes_table([int(n) for n in args.sizes.split(",")], args.runs, args.adds, args.landed)
         return

@@ -8,15 +8,19 @@ answers from its own complete tables.
 Why "exactly one new among concurrent near-duplicates" still holds: the front is the one
 serialisation point of adds. An add batch runs, under the front's add lock, (1) a lookup on every
 shard, (2) the decision in request order, each document also checked against the new documents
-before it in the batch, (3) the inserts on their home shards, each of which logs and fsyncs before
-it answers. The next add batch's lookups start only after that, so they see every insert of the one
-before. Checks do not take the lock: a shard answers a lookup only once every insert it has seen is
-durable, so a check is never told "duplicate of X" before X is acknowledged-durable.
+before it in the batch, (3) the inserts on their home shards. The next add batch's lookups start
+only after that, so they see every insert of the one before. An add is answered only once every
+insert it relies on (its own, and those its lookups saw) is durable: on a local state folder each
+insert is fsynced before the shard answers; on a store the front waits, outside the lock, for each
+shard's group commit (:mod:`gristmill.pipeline.service.durable`). Checks do not take the lock: a
+shard answers a lookup only once every insert it has seen is durable, so a check is never told
+"duplicate of X" before X is acknowledged-durable.
 
-A shard that dies is restarted by Ray (``max_restarts=-1``) on the node that holds its state folder
-(node affinity) and reopens its snapshot and logs; requests meanwhile get 503. An insert is never
-retried by the front: a shard may have logged it before it died, and the client was not told it
-was added, so it asks again and hears "duplicate" or "new".
+A shard that dies is restarted by Ray (``max_restarts=-1``): with a local state folder on the node
+that holds it (node affinity), reopening its snapshot and logs; with a state on a store on any node,
+from the store. Requests meanwhile get 503. An insert is never retried by the front: a shard may
+have logged it before it died, and the client was not told it was added, so it asks again and
+hears "duplicate" or "new".
 """
 
 from __future__ import annotations
