@@ -4,6 +4,8 @@ keeps a stale writer from forking the shard (pipeline/service/durable.py)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ from gristmill.pipeline.format.signature_index import params_for
 from gristmill.pipeline.service.columns import ROW_HEAD, RowStore
 from gristmill.pipeline.service.durable import (
     Fenced,
+    Restarted,
     ShardStore,
     Shipper,
     check_shard_count,
@@ -91,6 +94,8 @@ def test_group_commit_snapshot_and_recovery(s3_bucket: str, s3_server: dict, tmp
             await shipper.sync(shipper.add(records))
 
         await asyncio.gather(*(one(n) for n in range(12)))
+        with pytest.raises(Restarted, match="generation 0 -> 1"):
+            await shipper.sync((store.generation - 1, 1))  # a ticket from before a restart is not waited for
         await shipper.drain()
 
     asyncio.run(add_concurrently())
@@ -135,3 +140,20 @@ def test_the_shard_count_is_kept_in_the_store(s3_bucket: str) -> None:
     check_shard_count(f"{s3_bucket}/state", 2)
     with pytest.raises(StateError, match="built with --shards 2, not 3"):
         check_shard_count(f"{s3_bucket}/state", 3)
+
+
+def test_a_new_scratch_copy_clears_those_no_process_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A killed shard leaves its scratch folder on the node; the next one started there removes it,
+    never the folder of a shard still running (its lock is held)."""
+    from gristmill.pipeline.service.shards import scratch_folder
+    from gristmill.pipeline.service.snapshot import lock_state
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    left, running, starting = scratch_folder(0), scratch_folder(1), scratch_folder(2)
+    lock_state(left).close()  # what a killed shard leaves
+    held = lock_state(running)
+    try:
+        new = scratch_folder(0)
+        assert not os.path.exists(left) and os.path.isdir(running) and os.path.isdir(starting) and os.path.isdir(new)
+    finally:
+        held.close()

@@ -30,11 +30,19 @@ ACKNOWLEDGED = 40
 
 @pytest.fixture(scope="module")
 def cluster(store: object) -> Iterator[PrivateNodes]:
-    # a node whose raylet is gone is declared dead after about 2 s instead of 15 (Ray's defaults)
-    env = {"AWS_ENDPOINT_URL": store.endpoint, "RAY_health_check_period_ms": "500",  # type: ignore[attr-defined]
-           "RAY_health_check_failure_threshold": "4", "RAY_health_check_initial_delay_ms": "0"}
+    # a node whose raylet is gone is declared dead after about 5 s instead of 15 (Ray's defaults); not
+    # less: a node starting on two busy cores must not miss its checks
+    env = {"AWS_ENDPOINT_URL": store.endpoint, "RAY_health_check_period_ms": "1000",  # type: ignore[attr-defined]
+           "RAY_health_check_failure_threshold": "5", "RAY_raylet_start_wait_time_s": "120"}
     with private_nodes(env, workers=2) as nodes:
         yield nodes
+
+
+def node_session(pid: int) -> int:
+    """The session of the node a Ray worker runs on: its parent's (the raylet's), which ``ray start`` began."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+    return os.getsid(parent)
 
 
 def post(url: str, body: dict) -> tuple[int, dict, str | None]:
@@ -57,7 +65,7 @@ def test_a_killed_node_costs_only_503s_and_no_acknowledged_add(cluster: PrivateN
     stderr = tmp_path / "front-stderr.txt"
     with open(stderr, "wb") as err:
         front = subprocess.Popen([sys.executable, "-m", "gristmill.pipeline.cli", "serve", "--port", "0", "--shards", "2",
-                                  "--state-dir", state, "--ray-address", cluster.address, "--shard-timeout", "3"],
+                                  "--state-dir", state, "--ray-address", cluster.address, "--shard-timeout", "8"],
                                  cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         assert front.stdout is not None
@@ -69,9 +77,10 @@ def test_a_killed_node_costs_only_503s_and_no_acknowledged_add(cluster: PrivateN
             assert status == 200 and all(r["added"] for r in answer["results"]), answer
 
         placements = [json.loads(fs.cat_file(f"{bucket}/state/shard-{k}/placement.json")) for k in range(2)]
-        head = cluster.sessions[0]
-        victim = next(k for k, p in enumerate(placements) if os.getsid(p["pid"]) not in (head, os.getsid(0)))
-        kill_session(os.getsid(placements[victim]["pid"]))  # the node and its disk are gone
+        on_workers = [k for k, p in enumerate(placements) if node_session(p["pid"]) in cluster.sessions[1:]]
+        assert on_workers, f"no shard on a worker node: {placements}"
+        victim = on_workers[0]
+        kill_session(node_session(placements[victim]["pid"]))  # the node (raylet, workers, disk) is gone
 
         statuses, retry_after = [], set()
         deadline = time.monotonic() + 180

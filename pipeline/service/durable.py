@@ -64,6 +64,13 @@ class Fenced(LogError):
     """A newer generation of this shard has taken its log over: this writer's inserts are refused."""
 
 
+class Restarted(LogError):
+    """The shard restarted between a request's insert and its wait for durability: not acknowledged."""
+
+
+Ticket = tuple[int, int]  # (generation, inserts queued): what :meth:`Shipper.sync` waits for
+
+
 def segment_name(seq: int) -> str:
     return f"{seq:0{SEQ_DIGITS}d}.seg"
 
@@ -194,7 +201,7 @@ class ShardStore:
             path = self._path("log", seq)
             if self.fs.cat_file(path) != data:  # ours, when an earlier try landed but its answer was lost
                 self.fenced = (f"{self._url(path)} was written by a newer generation of this shard; generation "
-                               f"{self.generation} writes no more (nothing of this request was inserted)")
+                               f"{self.generation} writes no more")
                 raise Fenced(self.fenced)
         self.last = seq
         return seq
@@ -248,15 +255,24 @@ class Shipper:
         self._flight: asyncio.Future[Any] | None = None
         self._snapshotting: asyncio.Future[Any] | None = None
 
-    def add(self, records: Sequence[LogRecord]) -> int:
+    def add(self, records: Sequence[LogRecord]) -> Ticket:
         """Queue inserts already in the index; returns the ticket :meth:`sync` waits for."""
         self.pending.extend(records)
         self.queued += len(records)
-        return self.queued
+        return self.ticket()
 
-    async def sync(self, upto: int) -> None:
-        """Return once the first ``upto`` inserts are on the store; a failed ``PUT`` raises here (the
-        inserts stay queued for the next one)."""
+    def ticket(self) -> Ticket:
+        """What makes every insert queued so far durable."""
+        return self.store.generation, self.queued
+
+    async def sync(self, ticket: Ticket) -> None:
+        """Return once every insert up to ``ticket`` is on the store; a failed ``PUT`` raises here (the
+        inserts stay queued for the next one). A ticket of another generation was given before the
+        shard restarted: :class:`Restarted` (its inserts may be lost; they were not acknowledged)."""
+        generation, upto = ticket
+        if generation != self.store.generation:
+            raise Restarted(f"{self.store.url}: the shard restarted (generation {generation} -> "
+                            f"{self.store.generation}) before the inserts were on the store")
         while self.shipped < upto:
             if self._flight is None or self._flight.done():
                 batch = self.pending[:SEGMENT_RECORDS]

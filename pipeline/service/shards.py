@@ -50,7 +50,7 @@ from gristmill.pipeline.service.core import (
     fingerprints,
     verdict,
 )
-from gristmill.pipeline.service.durable import ShardStore, Shipper, check_shard_count
+from gristmill.pipeline.service.durable import ShardStore, Shipper, Ticket, check_shard_count
 from gristmill.pipeline.service.index import MAX_NEAR_DUPLICATES
 from gristmill.pipeline.service.insert_log import LogError, LogRecord
 from gristmill.pipeline.service.snapshot import StateError, lock_state
@@ -71,10 +71,6 @@ def shard_name(state: str, k: int) -> str:
 def home_shard(digests: Sequence[str], shards: int) -> np.ndarray:
     """The shard of each content hash: its top 64 bits modulo the number of shards."""
     return (hash_words(list(digests))[:, 0] % np.uint64(shards)).astype(np.int64)
-
-
-class Restarted(LogError):
-    """The shard restarted between a request's insert and its wait for durability: not acknowledged."""
 
 
 class Shard:
@@ -110,7 +106,7 @@ class Shard:
         return params_to_dict(self.service.params)
 
     async def lookup(self, digests: list[str], signatures: np.ndarray, bands: np.ndarray,
-                     durable: bool = True) -> tuple[list[tuple[Any, list]], Ticket]:
+                     durable: bool = True) -> tuple[list[tuple[Any, list]], Ticket | None]:
         """(exact twin id, [(near id, similarity)]) per document, and the ticket that makes everything
         they rely on durable; with ``durable``, answered only once it is."""
         index = self.service.index
@@ -121,12 +117,12 @@ class Shard:
         if self.shipper is None:
             await self.service.log.sync(self.service.log.written)
             return found, None
-        ticket = (self.shipper.store.generation, self.shipper.queued)
+        ticket = self.shipper.ticket()
         if durable:
             await self.sync(ticket)
         return found, ticket
 
-    async def insert(self, records: list[tuple[str, str, int, np.ndarray]]) -> tuple[int, Ticket]:
+    async def insert(self, records: list[tuple[str, str, int, np.ndarray]]) -> tuple[int, Ticket | None]:
         """Insert documents the front found new; returns the index size and the ticket to :meth:`sync`
         (on a local state folder: returns once they are durable, with no ticket)."""
         service = self.service
@@ -137,17 +133,13 @@ class Shard:
         if self.shipper is None:
             await written_to.sync(durable_at)
             return len(service.index), None
-        return len(service.index), (self.shipper.store.generation, self.shipper.add(logged))
+        return len(service.index), self.shipper.add(logged)
 
-    async def sync(self, ticket: tuple[int, int]) -> None:
+    async def sync(self, ticket: Ticket) -> None:
         """Return once every insert up to ``ticket`` is on the store."""
         assert self.shipper is not None
-        generation, upto = ticket
-        if generation != self.shipper.store.generation:
-            raise Restarted(f"{self.shipper.store.url}: the shard restarted (generation {generation} -> "
-                            f"{self.shipper.store.generation}) before the inserts were on the store")
         try:
-            await self.shipper.sync(upto)
+            await self.shipper.sync(ticket)
         except OSError as exc:
             raise LogError(f"{self.shipper.store.url}: cannot ship inserts ({exc}); retrying") from None
 
@@ -168,15 +160,15 @@ class Shard:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-Ticket = tuple[int, int] | None  # (generation, inserts queued): what a shard's sync waits for
-
-
 def scratch_folder(k: int) -> str:
     """A new folder on this node for a shard's scratch copy; those of shards no longer running go
-    (their lock is free: a killed process leaves its folder behind)."""
+    (their lock is free: a killed process leaves its folder behind). One without a lock file yet is
+    another shard's, starting."""
     root = os.path.join(tempfile.gettempdir(), "gristmill-shards")
     os.makedirs(root, exist_ok=True)
     for name in os.listdir(root):
+        if not os.path.exists(os.path.join(root, name, "lock")):
+            continue
         with contextlib.suppress(StateError, OSError):
             lock_state(os.path.join(root, name)).close()
             shutil.rmtree(os.path.join(root, name))
@@ -246,7 +238,7 @@ class ShardedService:
         return [by_shard.get(k) for k in range(len(self.shards))]
 
     async def _lookup(self, prints: Fingerprints, durable: bool) -> tuple[list[tuple[str | None, list[tuple[str, float]]]],
-                                                                         list[Ticket]]:
+                                                                         list[Ticket | None]]:
         answers = await self._call("lookup", [(prints.digests, prints.signatures, prints.bands, durable)]
                                    * len(self.shards))
         merged = []
