@@ -157,3 +157,21 @@ def test_a_new_scratch_copy_clears_those_no_process_holds(tmp_path: Path, monkey
         assert not os.path.exists(left) and os.path.isdir(running) and os.path.isdir(starting) and os.path.isdir(new)
     finally:
         held.close()
+
+
+def test_where_the_state_goes() -> None:
+    """Under a remote --index with --shards (nodes share no disk); a store without --shards, or to
+    export from, is refused in one line rather than taken for a local folder named 's3:'."""
+    from argparse import Namespace
+
+    from gristmill.pipeline.commands.serve import LOCAL_STATE, _state_dir
+
+    def state(**options: object) -> str:
+        return _state_dir(Namespace(**{"state_dir": None, "index": None, "shards": 1, "export": None, **options}))
+
+    assert state(index="s3://b/corpus/", shards=2) == "s3://b/corpus/_serve"
+    assert state(index="s3://b/corpus") == state(index="corpus", shards=2) == LOCAL_STATE
+    assert state(state_dir="s3://b/state", shards=2) == "s3://b/state"
+    for refused in ({"shards": 1}, {"shards": 2, "export": "out"}):
+        with pytest.raises(ValueError, match="^--state-dir s3://b/state: a state on a store needs --shards"):
+            state(state_dir="s3://b/state", **refused)
