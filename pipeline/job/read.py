@@ -112,7 +112,7 @@ def _read_split_now(job: Job, split: Split) -> dict[str, Any]:
 
 
 def _document_batches(job: Job, split: Split, rejects: list[tuple[Reject, str]]) -> Iterator[list[tuple[Doc, str]]]:
-    """The split's documents (with the INPUT that named each) in batches of about BATCH_BYTES of text;
+    """The split's documents (with the INPUT that named each) in batches of about BATCH_BYTES (``_held_bytes``);
     rejected records go to ``rejects``. A document without an id gets one from its file and position,
     which a cut file gives as a whole one does."""
     config = job.config
@@ -128,12 +128,21 @@ def _document_batches(job: Job, split: Split, rejects: list[tuple[Reject, str]])
             if record.id is None:
                 record.id = generated_id(item.url, record.position)
             batch.append((record, item.origin))
-            size += len(record.text)
+            size += _held_bytes(record)
             if size >= BATCH_BYTES:
                 yield batch
                 batch, size = [], 0
     if batch:
         yield batch
+
+
+def _held_bytes(doc: Doc) -> int:
+    """What a document held in a batch costs: its text, its URL and its share of the Parquet columns it
+    carries, so a file whose small texts come with a 1 MiB URL or column each (a dictionary bomb) makes
+    batches of a few documents, not a batch of gigabytes."""
+    size = len(doc.text) + len(doc.url or "")
+    table = doc.extra.table if doc.extra is not None else None
+    return size + (table.nbytes // max(table.num_rows, 1) if table is not None else 0)
 
 
 def _visible(batch: list[tuple[Doc, str]], options: Any,
