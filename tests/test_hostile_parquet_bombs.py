@@ -5,11 +5,14 @@ groups are decoded whole; the job's Parquet reader keeps dictionaries as diction
 from its values' lengths, expands a slice of at most --max-doc-bytes at a time and refuses a row group
 whose footer says it inflates past the cap a row. Every row is accounted for (a document or a counted
 reject) and the input's own columns still pass through. Memory is the peak resident size (VmHWM) of a
-child process that reads the file.
+child process that reads the file. The read stage's batches of documents count what each document
+carries besides its text, so small texts with large fields (Parquet or compressed JSONL) make small
+batches.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import subprocess
@@ -96,6 +99,21 @@ def test_the_job_holds_a_bounded_batch_of_a_bomb(tmp_path: Path) -> None:
     rejects: list = []
     batches = [len(batch) for batch in _document_batches(job, split, rejects)]
     assert sum(batches) == 600 and not rejects
+    assert max(batches) <= BATCH_BYTES // MiB + 1, batches
+
+
+def test_the_job_holds_a_bounded_batch_of_a_compressed_jsonl_bomb(tmp_path: Path) -> None:
+    """The same for JSONL: a 300 KB gzip file of short texts that each carry a 1 MiB field."""
+    path = tmp_path / "bomb.jsonl.gz"
+    line = json.dumps({"text": "short text {}", "meta": "m" * MiB})
+    path.write_bytes(gzip.compress("".join(line.replace("{}", str(i)) + "\n" for i in range(300)).encode()))
+    assert path.stat().st_size < MiB
+    config = SimpleNamespace(text_column="text", id_column="id", max_doc_bytes=10 * MiB, storage_options=None)
+    job = SimpleNamespace(config=config, preference=SimpleNamespace(input_column=None))
+    split = SimpleNamespace(pieces=[Piece(item) for item in resolve_inputs([str(path)])])
+    rejects: list = []
+    batches = [len(batch) for batch in _document_batches(job, split, rejects)]
+    assert sum(batches) == 300 and not rejects
     assert max(batches) <= BATCH_BYTES // MiB + 1, batches
 
 

@@ -137,12 +137,17 @@ def _document_batches(job: Job, split: Split, rejects: list[tuple[Reject, str]])
 
 
 def _held_bytes(doc: Doc) -> int:
-    """What a document held in a batch costs: its text, its URL and its share of the Parquet columns it
-    carries, so a file whose small texts come with a 1 MiB URL or column each (a dictionary bomb) makes
-    batches of a few documents, not a batch of gigabytes."""
+    """What a document held in a batch costs: its text, its URL and the columns it carries (its share
+    of a Parquet slice, a JSONL record's strings), so a file whose small texts come with a 1 MiB URL or
+    field each (a dictionary bomb, a compressed JSONL file) makes batches of a few documents, not a
+    batch of gigabytes."""
     size = len(doc.text) + len(doc.url or "")
-    table = doc.extra.table if doc.extra is not None else None
-    return size + (table.nbytes // max(table.num_rows, 1) if table is not None else 0)
+    extra = doc.extra
+    if extra is None:
+        return size
+    if extra.table is not None:
+        return size + extra.table.nbytes // max(extra.table.num_rows, 1)
+    return size + sum(len(value) for value in (extra.values or {}).values() if isinstance(value, str))
 
 
 def _visible(batch: list[tuple[Doc, str]], options: Any,
