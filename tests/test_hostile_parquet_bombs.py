@@ -147,6 +147,17 @@ def test_a_row_group_that_inflates_past_the_cap_is_refused_unread(tmp_path: Path
     assert reject.reason.endswith("(8 x --max-doc-bytes); not read")
 
 
+def test_an_empty_row_group_is_no_reject(tmp_path: Path) -> None:
+    path = tmp_path / "empty-group.parquet"
+    table = pa.table({"text": ["one", "two"]})
+    with pq.ParquetWriter(path, table.schema) as writer:
+        writer.write_table(table.slice(0, 0))  # a row group of no rows, before the real one
+        writer.write_table(table)
+    [item] = resolve_inputs([str(path)])
+    assert [(type(r).__name__, r.position) for r in read_file(item, ReadOptions())] == [("Doc", "row 0"),
+                                                                                        ("Doc", "row 1")]
+
+
 # -- generated files: every row accounted for, texts and the input's own columns as written ----------
 _texts = st.one_of(st.none(), st.text(max_size=40), st.integers(0, 3000).map(lambda n: "z" * n))
 _side = {

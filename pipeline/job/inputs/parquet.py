@@ -157,6 +157,8 @@ class _Reading:
         """The records of row group ``group`` (rows ``first_row`` on); a damaged one costs the rows
         not yet read."""
         item, metadata = self.item, self.parquet.metadata
+        if not rows:  # an empty row group (Spark writes them) holds nothing to read or refuse
+            return
         declared = _uncompressed_bytes(metadata, group, self.owners, self.read)
         if declared > rows * self.limit:
             yield Reject(item.source, f"row group {group} (rows {first_row}-{first_row + rows - 1})",
