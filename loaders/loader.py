@@ -265,9 +265,13 @@ class StreamingLoader(DocumentPath, PackedPath):
         """What the sample order depends on besides the generation; a state resumes only a loader that matches."""
         if self._fingerprint is None:
             self._fingerprint = corpus_fingerprint(self.corpus.shards)
-        eos_id = None if self.tokenizer is None or self.tokenizer.eos_id is None else int(self.tokenizer.eos_id)
         return {"corpus": self._fingerprint, "seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
-                "seq_len": self.seq_len, "eos_id": eos_id}
+                "seq_len": self.seq_len, "eos_id": self._eos_id}
+
+    @property
+    def _eos_id(self) -> int | None:
+        """The token that ends each packed document (None: none, and always None for document batches)."""
+        return None if self.tokenizer is None or self.tokenizer.eos_id is None else int(self.tokenizer.eos_id)
 
     def state_dict(self) -> dict[str, Any]:
         """A few numbers that resume the stream exactly at the next batch (see docs/LOADER.md)."""
@@ -312,10 +316,11 @@ class StreamingLoader(DocumentPath, PackedPath):
         corpus or order, or with any field out of range, is refused (ValueError naming the field) before
         anything changes.
         """
-        self._restore(self._check_state(state))
+        self.resume(self.checked_resume(state))
 
-    def _check_state(self, state: object) -> Resume:
-        """Where ``state`` resumes this loader, once every field is checked against this corpus and plan."""
+    def checked_resume(self, state: object) -> Resume:
+        """Where ``state`` resumes this loader, once every field is checked against this corpus and plan
+        (nothing changes yet: a ``MixedLoader`` checks every source's state before it resumes any)."""
         saved: SavedState = parse_state(state, self._identity())
         generation = saved.generation
         specs, split = plan_generation(self.corpus.num_rows, saved.history, generation, seed=self.seed,
@@ -329,7 +334,7 @@ class StreamingLoader(DocumentPath, PackedPath):
             # under way, went out in them (each document with its eos at least), so a position further on
             # is not one a run reached: it would skip documents unread and pad out the epoch instead.
             held = saved.batches * generation.batch_size * self.seq_len
-            eos = 0 if self.tokenizer is None or self.tokenizer.eos_id is None else 1
+            eos = 0 if self._eos_id is None else 1
             for rank, positions in saved.streams.items():
                 for worker, (documents, tokens) in enumerate(positions):
                     name = f"state field 'streams[{str(rank)!r}][{worker}]' is [{documents}, {tokens}]"
@@ -362,7 +367,8 @@ class StreamingLoader(DocumentPath, PackedPath):
                             consumed)
         return Resume(saved.epoch, [*saved.history, closed], 0, None)
 
-    def _restore(self, resume: Resume) -> None:
+    def resume(self, resume: Resume) -> None:
+        """Continue from a resume point ``checked_resume`` gave."""
         self.set_epoch(resume.epoch)
         self._history = list(resume.history)
         self._batches = resume.batches

@@ -103,10 +103,10 @@ class MixedLoader:
         resumes = []
         for index, (source, source_state) in enumerate(zip(self.sources, saved)):
             try:
-                resumes.append(source._check_state(source_state))
+                resumes.append(source.checked_resume(source_state))
             except ValueError as exc:
                 raise ValueError(f"{field(f'sources[{index}]')} ({source.url}): {exc}") from None
         for source, resume in zip(self.sources, resumes):
-            source._restore(resume)
+            source.resume(resume)
         self.epoch, self.step = epoch, step
         self._iterators = [None] * len(self.sources)

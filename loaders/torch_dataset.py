@@ -31,6 +31,7 @@ except ModuleNotFoundError as exc:
 from gristmill.loaders.blocks import Counters  # noqa: E402  (after the check that torch is installed)
 from gristmill.loaders.checks import integer, shown  # noqa: E402
 from gristmill.loaders.loader import StreamingLoader  # noqa: E402
+from gristmill.loaders.mixing import MixedLoader  # noqa: E402
 from gristmill.loaders.units import Unit  # noqa: E402
 
 
@@ -65,33 +66,76 @@ class StreamingDataset(IterableDataset):
                 yield _Shipment(unit, pool.released if index == 0 else None, pool.lent())
             return
         for batch in loader:
-            if "tokens" in batch:
-                batch = dict(batch, tokens=torch.from_numpy(batch["tokens"]),
-                             segment_ids=torch.from_numpy(batch["segment_ids"]))
-            yield batch
+            yield _with_tensors(batch)
+
+
+class MixedDataset(IterableDataset):
+    """A ``MixedLoader`` as an IterableDataset of ``(source index, batch)``, for ``StreamingDataLoader``
+    (``num_workers=0``: the mix reads its sources with their own I/O threads)."""
+
+    def __init__(self, mix: MixedLoader) -> None:
+        super().__init__()
+        if not isinstance(mix, MixedLoader):
+            raise TypeError(f"MixedDataset reads a MixedLoader, got {type(mix).__name__}")
+        self.mix = mix
+
+    def set_epoch(self, epoch: int) -> None:
+        self.mix.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.mix)
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        if get_worker_info() is not None:
+            raise RuntimeError("a MixedDataset is read in the training process (num_workers=0): each worker "
+                               "would replay the whole mix")
+        for index, batch in self.mix:
+            yield index, _with_tensors(batch)
+
+
+def _with_tensors(batch: Any) -> Any:
+    """A packed-token batch's arrays as tensors (views of the same memory); other batches as they are."""
+    if isinstance(batch, Mapping) and "tokens" in batch:
+        return dict(batch, tokens=torch.from_numpy(batch["tokens"]), segment_ids=torch.from_numpy(batch["segment_ids"]))
+    return batch
 
 
 class StreamingDataLoader(DataLoader):
-    """A DataLoader over a ``StreamingDataset`` that can checkpoint and resume the stream."""
+    """A DataLoader over a ``StreamingDataset`` (or a ``MixedDataset``, read in this process) that can
+    checkpoint and resume the stream."""
 
-    def __init__(self, dataset: StreamingDataset, num_workers: int = 0, device: str | torch.device | None = None,
-                 **kwargs: Any) -> None:
-        if not isinstance(dataset, StreamingDataset):
-            raise TypeError(f"StreamingDataLoader reads a StreamingDataset, got {type(dataset).__name__}; use a "
-                            "plain DataLoader for other datasets")
+    def __init__(self, dataset: StreamingDataset | MixedDataset, num_workers: int = 0,
+                 device: str | torch.device | None = None, **kwargs: Any) -> None:
+        if isinstance(dataset, MixedLoader):
+            dataset = MixedDataset(dataset)
+        if not isinstance(dataset, (StreamingDataset, MixedDataset)):
+            raise TypeError(f"StreamingDataLoader reads a StreamingDataset or a MixedDataset, got "
+                            f"{type(dataset).__name__}; use a plain DataLoader for other datasets")
         if kwargs.pop("batch_size", None) is not None:
             raise ValueError("the dataset yields whole batches; set batch_size on the dataset, not here")
         integer(num_workers, "num_workers", minimum=0)
+        if isinstance(dataset, MixedDataset) and num_workers:
+            raise ValueError(f"num_workers={num_workers}: a mix is read in the training process (num_workers=0); "
+                             "its sources read ahead with their own io_threads")
         self.device = _device(device)
         if self.device is not None and self.device.type == "cuda":
             kwargs.setdefault("pin_memory", True)  # a copy from pinned memory can overlap the training step
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)  # checks the other arguments
+        if isinstance(dataset, MixedDataset):
+            self.stream = None
+            self.mix: MixedLoader | None = dataset.mix
+            self._mix_state = dataset.mix.state_dict()  # the mix after the last batch handed out
+            return
+        self.mix = None
         self.stream = dataset.loader
         self.stream.num_workers = max(1, num_workers)
         # Units carry Python-string documents or packed tokens; Arrow and UTF-8 batches travel one by one.
         dataset.units = num_workers > 0 and (self.stream.seq_len is not None or self.stream.output == "python")
 
     def __iter__(self) -> Iterator[Any]:
+        if self.mix is not None:
+            yield from self._mixed()
+            return
         batches: Iterator[Any] = itertools.chain(self._first(), self._batches())
         if self.device is not None and self.device.type == "cuda":
             batches = _copied_ahead(batches, self.device)
@@ -100,6 +144,24 @@ class StreamingDataLoader(DataLoader):
             self.stream.count_batch(batch["position"] if packed else None, batch["worker"] if packed else None)
             yield batch
         self.stream.set_epoch(self.stream.epoch + 1)  # reached only when the epoch ran to its end
+
+    def _mixed(self) -> Iterator[Any]:
+        """A mix's ``(source, batch)`` pairs, its state kept as of each one handed out (the copy to a
+        device reads one further)."""
+        states: deque[dict[str, Any]] = deque()
+
+        def read() -> Iterator[Any]:
+            for item in DataLoader.__iter__(self):
+                states.append(self.mix.state_dict())  # type: ignore[union-attr]
+                yield item
+
+        pairs: Iterator[Any] = read()
+        if self.device is not None and self.device.type == "cuda":
+            pairs = _copied_ahead(pairs, self.device)
+        for pair in pairs:
+            self._mix_state = states.popleft()
+            yield pair
+        self._mix_state = self.mix.state_dict()  # type: ignore[union-attr]  # the epoch ran to its end
 
     def _first(self) -> list[Any]:
         """With workers, the first batch, read here before they start (as [batch], or []).
@@ -117,9 +179,9 @@ class StreamingDataLoader(DataLoader):
         batches.close()
         if first is None:
             return []
+        first = _with_tensors(first)
         if "tokens" in first:
-            first = dict(first, tokens=self._tensor(torch.from_numpy(first["tokens"])),
-                         segment_ids=self._tensor(torch.from_numpy(first["segment_ids"])))
+            first = dict(first, tokens=self._tensor(first["tokens"]), segment_ids=self._tensor(first["segment_ids"]))
         return [first]
 
     def _batches(self) -> Iterator[Any]:
@@ -168,17 +230,25 @@ class StreamingDataLoader(DataLoader):
         return [{name: values[a:b] for name, values in columns.items()} for a, b in zip(bounds, bounds[1:])]
 
     def set_epoch(self, epoch: int) -> None:
-        self.stream.set_epoch(epoch)
+        if self.mix is not None:
+            self.mix.set_epoch(epoch)
+            self._mix_state = self.mix.state_dict()
+        else:
+            self.stream.set_epoch(epoch)
 
     def _tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.pin_memory() if self.pin_memory and torch.cuda.is_available() else tensor
 
     def state_dict(self) -> dict[str, Any]:
-        """The stream's position after the last batch this DataLoader yielded."""
-        return self.stream.state_dict()
+        """The stream's (or the mix's) position after the last batch this DataLoader yielded."""
+        return self._mix_state if self.mix is not None else self.stream.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.stream.load_state_dict(state)
+        if self.mix is not None:
+            self.mix.load_state_dict(state)
+            self._mix_state = self.mix.state_dict()
+        else:
+            self.stream.load_state_dict(state)
 
 
 
@@ -225,6 +295,8 @@ def _copied_ahead(batches: Iterator[Any], device: torch.device) -> Iterator[Any]
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, tuple):  # a mix's (source index, batch)
+        return tuple(_to_device(part, device) for part in batch)
     if not isinstance(batch, Mapping):
         return batch
     return {key: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
@@ -234,10 +306,11 @@ def _to_device(batch: Any, device: torch.device) -> Any:
 def _ready(batch: Any, copied: torch.cuda.Event, device: torch.device) -> Any:
     current = torch.cuda.current_stream(device)
     current.wait_event(copied)
-    if isinstance(batch, Mapping):
-        for value in batch.values():
-            if isinstance(value, torch.Tensor):
-                value.record_stream(current)
+    for part in batch if isinstance(batch, tuple) else (batch,):  # a mix's (source index, batch)
+        if isinstance(part, Mapping):
+            for value in part.values():
+                if isinstance(value, torch.Tensor):
+                    value.record_stream(current)
     return batch
 
 

@@ -96,6 +96,33 @@ def test_the_command_line_names_the_missing_extra(tmp_path: Path) -> None:
     assert '"ok": true' in inspect.stdout
 
 
+def test_the_python_api_names_the_missing_extra(tmp_path: Path) -> None:
+    """Each optional package a Python entry point loads, when missing: its ``gristmill[...]`` named."""
+    (tmp_path / "tokenizer.json").write_text("{}")
+    code = """
+import pyarrow as pa
+from gristmill.loaders import FileTokenizer, StreamingLoader
+from gristmill.pipeline.format import write_corpus
+calls = {"torch": lambda: __import__("gristmill.loaders.torch_dataset"),
+         "tokenizers": lambda: FileTokenizer(sys.argv[2]),
+         "s3 loader": lambda: StreamingLoader("s3://bucket/corpus"),
+         "s3 writer": lambda: write_corpus(pa.table({"text": ["a"]}), "s3://bucket/out")}
+for name, call in calls.items():
+    try:
+        call()
+    except ModuleNotFoundError as exc:
+        print(name, "|", exc)
+"""
+    result = without(("torch", "tokenizers", "s3fs"), code, str(tmp_path / "tokenizer.json"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = dict(line.split(" | ", 1) for line in result.stdout.splitlines())
+    assert said == {
+        "torch": "gristmill.loaders.torch_dataset needs torch, which is not installed: pip install 'gristmill[torch]'",
+        "tokenizers": "FileTokenizer needs tokenizers, which is not installed: pip install 'gristmill[tokenizers]'",
+        "s3 loader": "s3://bucket/corpus: s3:// needs s3fs, which is not installed: pip install 'gristmill[s3]'",
+        "s3 writer": "s3://bucket/out: s3:// needs s3fs, which is not installed: pip install 'gristmill[s3]'"}
+
+
 def test_help_imports_no_command_and_version_comes_from_the_metadata() -> None:
     code = """
 from gristmill.pipeline.cli import main

@@ -10,7 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gristmill.loaders import StreamingLoader  # noqa: E402
-from gristmill.loaders.torch_dataset import StreamingDataLoader, StreamingDataset  # noqa: E402
+from gristmill.loaders.mixing import MixedLoader  # noqa: E402
+from gristmill.loaders.torch_dataset import MixedDataset, StreamingDataLoader, StreamingDataset  # noqa: E402
 from tests.test_loader import make_corpus  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -144,7 +145,7 @@ def test_shared_pool_reuses_a_released_buffer_for_a_larger_unit_of_another_type(
 
 def test_bad_dataloader_arguments_are_refused_before_the_dataset_changes(corpus: tuple[str, list[str]]) -> None:
     dataset = StreamingDataset(corpus[0], batch_size=8, columns=["id"], world_size=1, rank=0)
-    with pytest.raises(TypeError, match="reads a StreamingDataset, got TensorDataset"):
+    with pytest.raises(TypeError, match="reads a StreamingDataset or a MixedDataset, got TensorDataset"):
         StreamingDataLoader(torch.utils.data.TensorDataset(torch.zeros(2)))  # type: ignore[arg-type]
     for arguments, message in [({"num_workers": -1}, "num_workers must be >= 0"),
                                ({"num_workers": 1.5}, "num_workers must be an integer"),
@@ -169,3 +170,41 @@ def test_a_refused_state_leaves_the_dataloader_where_it_was(corpus: tuple[str, l
         with pytest.raises(ValueError, match=name):
             resumed.load_state_dict(bad)
     assert [b["id"] for b in resumed] == full[7:]
+
+
+def _mix(paths: list[str]) -> MixedLoader:
+    packed = StreamingLoader(paths[0], batch_size=4, seq_len=32, seed=1, world_size=1, rank=0)
+    documents = StreamingLoader(paths[1], batch_size=4, columns=["id"], seed=2, world_size=1, rank=0)
+    return MixedLoader([packed, documents], [0.7, 0.3], seed=4, steps_per_epoch=60)
+
+
+def _key(pair: tuple[int, dict]) -> tuple:
+    index, batch = pair
+    return (index, tuple(np.asarray(batch["tokens"]).ravel().tolist()) if "tokens" in batch else tuple(batch["id"]))
+
+
+def test_a_mix_streams_through_the_dataloader_as_tensors_and_resumes(tmp_path_factory: pytest.TempPathFactory) -> None:
+    paths = [str(tmp_path_factory.mktemp(f"mix{i}")) for i in range(2)]
+    for index, path in enumerate(paths):
+        make_corpus(path, 200, seed=20 + index, name_prefix=f"m{index}")
+    direct = [_key(pair) for pair in _mix(paths)]
+    loader = StreamingDataLoader(MixedDataset(_mix(paths)), pin_memory=True)
+    assert len(loader) == 60
+    pairs = list(loader)
+    assert [_key(pair) for pair in pairs] == direct and {i for i, _ in pairs} == {0, 1}
+    assert all(b["tokens"].dtype == torch.int32 for i, b in pairs if i == 0)
+    assert loader.mix.epoch == 1 and loader.state_dict()["epoch"] == 1  # the epoch ran to its end
+
+    first = StreamingDataLoader(_mix(paths))  # a MixedLoader itself is taken too
+    head = [_key(pair) for _, pair in zip(range(23), first)]
+    resumed = StreamingDataLoader(MixedDataset(_mix(paths)))
+    resumed.load_state_dict(first.state_dict())
+    assert head + [_key(pair) for pair in resumed] == direct
+
+
+def test_a_mix_with_dataloader_workers_is_refused_in_one_line(tmp_path: object) -> None:
+    path = str(tmp_path)
+    make_corpus(path, 20, seed=1)
+    mix = MixedLoader([StreamingLoader(path, batch_size=4, world_size=1, rank=0)], [1.0])
+    with pytest.raises(ValueError, match=r"^num_workers=2: a mix is read in the training process"):
+        StreamingDataLoader(MixedDataset(mix), num_workers=2)

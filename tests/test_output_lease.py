@@ -14,14 +14,16 @@ import threading
 import time
 from pathlib import Path
 
+import fsspec
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_pipeline_data import documents, write_jsonl
 
 import gristmill.pipeline.format.lease as lease_module
 from gristmill.pipeline.format import Corpus, Lease, LeaseHeld
-from gristmill.pipeline.format.lease import LEASE_NAME, LEASE_SECONDS, Holder, LeaseLost
+from gristmill.pipeline.format.lease import LEASE_NAME, LEASE_SECONDS, Holder, LeaseLost, LeaseUnsupported
 
 REPO = Path(__file__).resolve().parents[1]
 GRISTMILL = [sys.executable, "-m", "gristmill.pipeline.cli"]
@@ -74,9 +76,21 @@ def test_the_same_job_waits_for_its_twin_then_takes_the_lease(tmp_path: Path, mo
     twin.release()
 
 
-@pytest.mark.parametrize("store", ["local", "s3"])
-def test_of_eight_racing_writers_exactly_one_wins(store: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    url = str(tmp_path / "out") if store == "local" else request.getfixturevalue("s3_bucket") + "/out"
+@pytest.mark.parametrize("store", ["local", "s3", "memory"])
+def test_of_eight_racing_writers_exactly_one_wins(store: str, tmp_path: Path, request: pytest.FixtureRequest,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    url = str(tmp_path / "out") if store == "local" else f"memory://race-{tmp_path.name}/out"
+    if store == "s3":
+        url = request.getfixturevalue("s3_bucket") + "/out"
+    if store == "memory":  # a slow store: every writer has looked before any writes
+        exists = MemoryFileSystem.exists
+
+        def slow_exists(fs: MemoryFileSystem, path: str, **kwargs: object) -> bool:
+            found = exists(fs, path, **kwargs)
+            time.sleep(0.05)
+            return found
+
+        monkeypatch.setattr(MemoryFileSystem, "exists", slow_exists)
     won: list[Lease] = []
     refused: list[str] = []
     start = threading.Barrier(8)
@@ -117,6 +131,17 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_may_not_commit(
         crashed.check()
     successor.check()
     successor.release()
+
+
+def test_a_store_without_an_atomic_create_is_refused_before_any_write() -> None:
+    class PlainStore(MemoryFileSystem):  # any fsspec store but local, S3 and memory: no create-if-absent
+        protocol = "plainstore"
+
+    fsspec.register_implementation("plainstore", PlainStore, clobber=True)
+    with pytest.raises(LeaseUnsupported) as refused:
+        Lease("plainstore://bucket/out", "job")
+    assert str(refused.value).startswith("plainstore://bucket/out: cannot take the one-writer lease on plainstore://")
+    assert not PlainStore().exists("/bucket/out")
 
 
 def test_a_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path: Path) -> None:

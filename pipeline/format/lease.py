@@ -4,9 +4,10 @@ Two jobs writing one folder at once each committed a manifest naming the other's
 takes the folder's lease before it writes and gives it back after its commit:
 
 - the lease is created only where none exists: a hard link (atomic, fails when the name exists) on a
-  local disk, a ``PUT`` with ``If-None-Match: *`` on S3 (AWS since 2024, moto). Other stores
-  (``memory://``, gcs) get a documented fallback: create when absent, then read back and compare the
-  owner's token, which narrows a race it cannot close;
+  local disk, a ``PUT`` with ``If-None-Match: *`` on S3 (AWS since 2024, moto), and under one lock of
+  the process for ``memory://`` (which no other process sees). A store with no atomic create (gcs,
+  azure, ...) is refused with :class:`LeaseUnsupported` before anything is written: "create when absent,
+  read back" let two writers racing within one round trip both win;
 - it names its holder (host, pid, job fingerprint, when taken) and an expiry that a thread renews
   every ``RENEW_SECONDS``; a crashed writer's lease expires after ``LEASE_SECONDS`` (at once when its
   pid is gone on this same host) and the next writer takes it over by compare-and-swap (``If-Match``
@@ -128,10 +129,14 @@ class _Seen:
     version: str
 
 
+class LeaseUnsupported(CorpusError):
+    """The folder's store cannot create a file only where none exists, so no lease can be exclusive."""
+
+
 class _Store:
-    """Where a lease file lives, reduced to four operations; this fallback (any fsspec store) creates
-    when absent and reads back, which is not atomic: two writers racing within one round trip may both
-    believe they won until the next renewal shows the loser its token is gone."""
+    """Where a lease file lives, reduced to four operations. These are atomic only while no other writer
+    runs between a check and a write: ``_MemoryStore`` holds a lock around them; the others replace
+    ``create``, ``swap`` and ``delete`` with the store's own atomic operations."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str) -> None:
         self.fs, self.path = fs, path
@@ -162,6 +167,25 @@ class _Store:
         seen = self.read()
         if seen is not None and seen.version == expected.version:
             self.fs.rm_file(self.path)
+
+
+class _MemoryStore(_Store):
+    """``memory://``: one process's dictionary, so one lock of the process makes each check-and-write
+    atomic (several threads, or several jobs of one test session, race on it)."""
+
+    _lock = threading.Lock()
+
+    def create(self, data: bytes) -> _Seen | None:
+        with self._lock:
+            return super().create(data)
+
+    def swap(self, data: bytes, expected: _Seen) -> _Seen | None:
+        with self._lock:
+            return super().swap(data, expected)
+
+    def delete(self, expected: _Seen) -> None:
+        with self._lock:
+            super().delete(expected)
 
 
 class _LocalStore(_Store):
@@ -255,23 +279,28 @@ class _S3Store(_Store):
             raise
 
 
-def conditional_store(fs: fsspec.AbstractFileSystem, path: str) -> _Store:
-    """Create-if-absent and compare-and-swap on ``path``: atomic on a local disk and on S3, the
-    documented read-back fallback elsewhere (see the module doc). Also what fences a stale writer of
-    a service shard's log (gristmill.pipeline.service.durable)."""
+def conditional_store(fs: fsspec.AbstractFileSystem, path: str, url: str) -> _Store:
+    """Create-if-absent and compare-and-swap on ``path`` (``url`` names it in errors): atomic on a local
+    disk, on S3 and on memory://; any other store is refused with :class:`LeaseUnsupported` before
+    anything is written. Also what fences a stale writer of a service shard's log
+    (gristmill.pipeline.service.durable)."""
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     if is_local(fs):
         return _LocalStore(fs, path)
     if protocol in ("s3", "s3a"):
         return _S3Store(fs, path)
-    return _Store(fs, path)
+    if protocol == "memory":
+        return _MemoryStore(fs, path)
+    raise LeaseUnsupported(f"{url}: cannot take the one-writer lease on {protocol}:// (it has no atomic "
+                           "create-if-absent); write the corpus to a local or shared disk, s3:// or memory://, "
+                           "then copy it there")
 
 
 def _store_for(url: str, storage_options: Mapping[str, Any] | None) -> tuple[_Store, str]:
     fs, root = open_fs(url, storage_options)
     path = posixpath.join(root, LEASE_NAME)
     where = path if is_local(fs) else f"{url.rstrip('/')}/{LEASE_NAME}"
-    return conditional_store(fs, path), where
+    return conditional_store(fs, path, where), where
 
 
 class Lease:

@@ -12,9 +12,25 @@ import fsspec
 
 
 def open_fs(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """Resolve any fsspec URL (local path, memory://, s3://) to a filesystem and a root path."""
-    fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    """Resolve any fsspec URL (local path, memory://, s3://) to a filesystem and a root path; a store
+    whose package is missing is a ModuleNotFoundError naming it (and ``gristmill[s3]`` for S3), as the
+    command line names an extra, not fsspec's bare "Install s3fs to access S3"."""
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    except ImportError:
+        protocol = url.split("://", 1)[0] if "://" in url else "file"
+        package = _STORE_PACKAGES.get(protocol)
+        if package is None:
+            raise
+        install = "'gristmill[s3]'" if package == "s3fs" else package
+        raise ModuleNotFoundError(f"{url}: {protocol}:// needs {package}, which is not installed: pip install "
+                                  f"{install}", name=package) from None
     return fs, root.rstrip("/") or root
+
+
+# the packages fsspec loads for the object stores gristmill documents (docs/DEPLOY.md)
+_STORE_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
+                   "abfss": "adlfs"}
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:

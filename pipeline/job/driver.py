@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -67,7 +68,7 @@ from gristmill.pipeline.job.prefer import Preference, check_input_column, parse_
 from gristmill.pipeline.job.read import read_index_split, run_read
 from gristmill.pipeline.job.sign import sign_split
 from gristmill.pipeline.job.stats import final_stats, merge_counts, run_stats
-from gristmill.pipeline.job.tasks import Job, make_runner, map_splits
+from gristmill.pipeline.job.tasks import Job, job_runner, map_splits
 from gristmill.pipeline.job.verify import run_verify
 from gristmill.pipeline.job.workdir import WorkDir
 from gristmill.pipeline.job.write import write_split
@@ -80,6 +81,9 @@ STAGES = ("read", "exact", "sign", "against", "buckets", "verify", "cc", "cluste
 # less, but page faults on every fresh buffer cost ~30% more CPU; docs/PIPELINE.md, memory.) Set for
 # the local Ray the job starts; deploy/Dockerfile sets it for clusters.
 WORKER_ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "0"}
+# Input up to this size runs without Ray (``_runs_in_process``): a 20-document job spent 17-29 s, most
+# of it starting Ray and its workers (docs/PIPELINE.md, small jobs).
+IN_PROCESS_BYTES = 8 * 1024 * 1024
 
 
 def job_stages(config: DedupConfig) -> tuple[str, ...]:
@@ -136,10 +140,18 @@ def run_dedup(config: DedupConfig, on_stage: Callable[[str], None] | None = None
 
 
 def _ray_is_up() -> bool:
-    """Whether the caller (the command line's --ray-address, a test, a notebook) started Ray already."""
-    import ray
+    """Whether the caller (the command line's --ray-address, a test, a notebook) started Ray already
+    (not imported: not started, and a small job then never imports it)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
-    return ray.is_initialized()
+
+def _runs_in_process(config: DedupConfig, splits: list[Split], work: WorkDir) -> bool:
+    """A job small enough that Ray's start-up (and its workers' imports) would be most of its time:
+    input up to ``IN_PROCESS_BYTES``, no --against, a local work folder, and no Ray to join or already
+    started. Its tasks run here in turn and write the same files (docs/PIPELINE.md, small jobs)."""
+    return (sum(split.bytes for split in splits) <= IN_PROCESS_BYTES and not config.against
+            and not work.atomic_put and not os.environ.get("RAY_ADDRESS") and not _ray_is_up())
 
 
 def _start_ray() -> None:
@@ -162,8 +174,6 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
                 on_stage: Callable[[str], None] | None, progress: JobProgress | None) -> dict[str, Any]:
     """The job once its output folders are leased: claimed again (a run of this same job that held the
     lease first may have committed meanwhile), then every stage, the commit and the cleanup."""
-    import ray
-
     finished = claim_folders(config, files, fingerprint)
     if finished is not None:  # this very job committed already: re-running it is an idempotent resume
         _remove_stale(config, finished)
@@ -173,8 +183,10 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
             if on_stage is not None:
                 on_stage(name)
         return finished.stats
-    _start_ray()  # already up when run_dedup joined a cluster to check its nodes
     work = WorkDir(config.work_url, config.storage_options)
+    in_process = _runs_in_process(config, splits, work)
+    if not in_process:
+        _start_ray()  # already up when run_dedup joined a cluster to check its nodes
     previous = work.read_json(JOB_RECORD)
     # the shuffles and the components' rounds depend on these too
     identity = {"fingerprint": fingerprint, "partitions": config.num_partitions, "cc_rows": config.cc_rows_per_task}
@@ -185,10 +197,10 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
     # the context every task shares: without the plan (a read task is sent its own split) and without
     # the INPUT list, which can name as many files as the plan
     job = Job(dataclasses.replace(config, inputs=[]), params, work, index_files, fingerprint, len(splits), preference,
-              on_task=progress.task_done if progress is not None else None)
+              on_task=progress.task_done if progress is not None else None, in_process=in_process)
 
     broker = start_exchange(work)  # on an object store, receivers get their rows through it
-    run_tasks = make_runner(ray, job.on_task)
+    run_tasks = job_runner(job)
     timings: dict[str, float] = dict(work.read_json(TIMINGS) or {})
     resumed: list[str] = []
 

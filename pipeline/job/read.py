@@ -112,7 +112,7 @@ def _read_split_now(job: Job, split: Split) -> dict[str, Any]:
 
 
 def _document_batches(job: Job, split: Split, rejects: list[tuple[Reject, str]]) -> Iterator[list[tuple[Doc, str]]]:
-    """The split's documents (with the INPUT that named each) in batches of about BATCH_BYTES of text;
+    """The split's documents (with the INPUT that named each) in batches of about BATCH_BYTES (``_held_bytes``);
     rejected records go to ``rejects``. A document without an id gets one from its file and position,
     which a cut file gives as a whole one does."""
     config = job.config
@@ -128,12 +128,26 @@ def _document_batches(job: Job, split: Split, rejects: list[tuple[Reject, str]])
             if record.id is None:
                 record.id = generated_id(item.url, record.position)
             batch.append((record, item.origin))
-            size += len(record.text)
+            size += _held_bytes(record)
             if size >= BATCH_BYTES:
                 yield batch
                 batch, size = [], 0
     if batch:
         yield batch
+
+
+def _held_bytes(doc: Doc) -> int:
+    """What a document held in a batch costs: its text, its URL and the columns it carries (its share
+    of a Parquet slice, a JSONL record's strings), so a file whose small texts come with a 1 MiB URL or
+    field each (a dictionary bomb, a compressed JSONL file) makes batches of a few documents, not a
+    batch of gigabytes."""
+    size = len(doc.text) + len(doc.url or "")
+    extra = doc.extra
+    if extra is None:
+        return size
+    if extra.table is not None:
+        return size + extra.table.nbytes // max(extra.table.num_rows, 1)
+    return size + sum(len(value) for value in (extra.values or {}).values() if isinstance(value, str))
 
 
 def _visible(batch: list[tuple[Doc, str]], options: Any,

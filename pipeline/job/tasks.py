@@ -1,5 +1,5 @@
 """What every task of the job gets and how tasks run: the job context, completion records, routing by
-split, and Ray tasks that retry when a node dies."""
+split, and Ray tasks that retry when a node dies (or, for a small job, calls in this process)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ class Job:
     preference: Preference = LONGEST  # the survivor policy, parsed (a domain file read) by the driver
     # the driver's progress: called with each finished task's result (never sent to a task)
     on_task: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False, compare=False)
+    in_process: bool = False  # a small job on a local work folder: tasks run here, one after another, no Ray
     _reference: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -107,6 +108,26 @@ def make_runner(ray: Any, on_task: Callable[[dict[str, Any]], None] | None = Non
     return run_tasks
 
 
+def job_runner(job: Job) -> Callable[..., list[Any]]:
+    """How the job's tasks run: Ray tasks (``make_runner``), or in this process for a small job."""
+    if not job.in_process:
+        import ray
+
+        return make_runner(ray, job.on_task)
+
+    def run_here(function: Callable[..., Any], argument_lists: list[tuple[Any, ...]],
+                 receives: Sequence[Shuffled] = ()) -> list[Any]:
+        """Each task called in turn: a local work folder exchanges nothing (``exchange.start_exchange``)."""
+        results = []
+        for arguments in argument_lists:
+            results.append(function(*arguments))
+            if job.on_task is not None:
+                job.on_task(results[-1] if isinstance(results[-1], dict) else {})
+        return results
+
+    return run_here
+
+
 def map_splits(function: Callable[[Job, Item], dict[str, Any]], job: Job, items: Sequence[Item],
                receives: Sequence[Shuffled] = ()) -> list[dict[str, Any]]:
     """A per-split stage: one Ray task per item (a split number, or the read stage's own split), retried
@@ -116,6 +137,4 @@ def map_splits(function: Callable[[Job, Item], dict[str, Any]], job: Job, items:
     folder, and Ray Data's executor cost 3 s of start-up and two helper actors (~240 MB) per job here
     for nothing it does (docs/BENCHMARKS.md, pipeline).
     """
-    import ray
-
-    return make_runner(ray, job.on_task)(function, [(job, item) for item in items], receives) if items else []
+    return job_runner(job)(function, [(job, item) for item in items], receives) if items else []

@@ -117,7 +117,7 @@ def check_shard_count(url: str, shards: int, storage_options: Mapping[str, Any] 
     the store, by a conditional create, and compared on every later start."""
     fs, root = open_fs(url, storage_options)
     path = posixpath.join(root, SHARDS_NAME)
-    store = conditional_store(fs, path)
+    store = conditional_store(fs, path, f"{url.rstrip('/')}/{SHARDS_NAME}")
     if store.create(json.dumps({"shards": shards}).encode()) is not None:
         return
     seen = store.read()
@@ -207,12 +207,14 @@ class ShardStore:
         return seq
 
     def _create(self, seq: int, data: bytes) -> bool:
-        return conditional_store(self.fs, self._path("log", seq)).create(data) is not None
+        path = self._path("log", seq)
+        return conditional_store(self.fs, path, self._url(path)).create(data) is not None
 
     def write_snapshot(self, seq: int, records: Iterator[LogRecord]) -> None:
         """Every insert up to segment ``seq`` as one object (a start then replays only what follows)."""
         data = encode_segment(self.generation, seq, self.params, list(records))
-        conditional_store(self.fs, self._path("snapshot", seq)).create(data)  # taken: the same content
+        path = self._path("snapshot", seq)
+        conditional_store(self.fs, path, self._url(path)).create(data)  # taken: the same content
 
     def write_placement(self, fields: Mapping[str, Any]) -> None:
         self.fs.pipe_file(posixpath.join(self.root, "placement.json"),
