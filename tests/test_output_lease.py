@@ -140,7 +140,7 @@ def test_a_store_without_an_atomic_create_is_refused_before_any_write() -> None:
     fsspec.register_implementation("plainstore", PlainStore, clobber=True)
     with pytest.raises(LeaseUnsupported) as refused:
         Lease("plainstore://bucket/out", "job")
-    assert str(refused.value).startswith("plainstore://bucket/out: cannot take the one-writer lease on plainstore://")
+    assert str(refused.value).startswith("plainstore://bucket/out/_lease.json: cannot take the one-writer lease on plainstore://")
     assert not PlainStore().exists("/bucket/out")
 
 
