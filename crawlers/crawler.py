@@ -15,6 +15,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 from urllib.parse import urljoin
 
@@ -33,21 +34,19 @@ from .fetch import (
     retry_after_seconds,
 )
 from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, ResultLog
+from .hub import Hub
 from .oracle import DuplicateOracle
-from .output import check_output_folder
 from .pages import OK, PageProcessor
-from .partitioned import Coordinator, PartitionLauncher, check_partitions, state_root
-from .partitions import Exchange, ExchangeError, Link, Partition, write_json
+from .partitions import ExchangeError, Link, Partition
 from .progress import progress_line
 from .proxies import NoProxyAvailable, ProxyPool
 from .robots import Robots, fetch_robots
 from .safety import AddressPolicy
 from .schedule import ROBOTS, Host, HostScheduler
+from .state import STATE_FILE, Checkpoint, is_remote, local_folder, state_url
 from .urls import BadURL, normalize_url, origin_of, site_of
 
 log = logging.getLogger("gristmill.crawl")
-
-STATE_FILE = "frontier.sqlite"
 
 
 class Crawler:
@@ -58,16 +57,28 @@ class Crawler:
 
     def __init__(self, seeds: list[str], output: str, config: CrawlConfig | None = None,
                  on_progress: Callable[[dict[str, Any]], None] | None = None,
-                 oracle: DuplicateOracle | None = None, partition: Partition | None = None) -> None:
+                 oracle: DuplicateOracle | None = None, partition: Partition | None = None,
+                 hub: Hub | None = None) -> None:
         self.config = config or CrawlConfig()
+        if (partition is None) != (hub is None):
+            raise ValueError("a partition needs the hub it talks through, and only a partition has one")
         self.partition = partition
+        self.hub = hub
         self.output = output
         self.seeds = list(seeds)
         self.on_progress = on_progress
-        state_dir = state_root(output, self.config.state_dir)
-        os.makedirs(state_dir, exist_ok=True)
-        self.state_path = os.path.join(state_dir, STATE_FILE)
-        self.frontier = Frontier(self.state_path, self.config.synchronous)
+        if partition is not None:
+            folder, durable = partition.folder, partition.checkpoint
+        else:
+            durable = state_url(output, self.config.state_dir)
+            folder = local_folder(durable)
+            durable = durable if is_remote(durable) else None
+        os.makedirs(folder, exist_ok=True)
+        self.state_path = os.path.join(folder, STATE_FILE)
+        self.checkpoint = Checkpoint(durable, self.config.storage_options) if durable is not None else None
+        self._unacknowledged: list[Any] = []  # links taken from the hub, admitted since the last checkpoint
+        self.frontier = Frontier(self.state_path, self.config.synchronous,
+                                 restore=self.checkpoint.restore if self.checkpoint is not None else None)
         self._wake = asyncio.Event()
         self.scheduler = HostScheduler(self.config, self.frontier, time.monotonic, self._wake.set)
         self._stopping = False
@@ -107,11 +118,12 @@ class Crawler:
                               row_group_bytes=cfg.row_group_bytes, warc=cfg.warc,
                               storage_options=cfg.storage_options,
                               prefix=part.shard_prefix if part else SHARD_PREFIX,
-                              segment=part.segment if part else None)
-        self.exchange = Exchange(part.root, part.index, part.count) if part else None
+                              segment=partial(self.hub.publish, part.index) if self.hub and part else None,
+                              checkpoint=self._checkpoint if self.checkpoint is not None else None)
         self.commits = CommitLoop(committer, self.frontier, cfg, self._error,
                                   self._exchange if part is not None else None)
-        if part is not None:
+        if self.hub is not None and part is not None:
+            self.hub.join(part.index)  # links it took before a restart and never acknowledged come again
             self._report(idle=False)
         for orphan in committer.remove_orphans():
             log.info("removed %s: written by an interrupted commit, never listed by a manifest", orphan)
@@ -150,6 +162,8 @@ class Crawler:
                 summary = self._summary(time.monotonic() - started)
                 self.frontier.close()
                 self.results.close()
+                if self.checkpoint is not None:
+                    self.checkpoint.close()
         return summary
 
     def enqueue(self, urls: Iterable[str], depth: int = 0) -> int:
@@ -469,60 +483,77 @@ class Crawler:
     def _exchange(self) -> bool:
         """Hand links to the partitions owning their hosts, and admit those handed to this one.
 
-        Returns whether any arrived. A received file is deleted only after its links are admitted and
-        this partition has reported itself busy, so the coordinator never sees it gone while we look idle.
+        Returns whether any arrived. Links taken from the hub are acknowledged only after they are
+        admitted and this partition has reported itself busy (so the coordinator never sees them gone
+        while we look idle), and with the state on a store only after the next checkpoint holds them.
         """
-        assert self.exchange is not None
+        assert self.hub is not None and self.partition is not None
+        index = self.partition.index
         while rows := self.frontier.outbox():
             by_destination: dict[int, list[Link]] = {}
             for _id, destination, *link in rows:
                 by_destination.setdefault(destination, []).append(Link(*link))
             for destination, links in by_destination.items():
-                self.exchange.post(destination, links, rows[-1][0])
+                self.hub.post(index, destination, links, rows[-1][0])
             self.frontier.handed_over(rows[-1][0])
-        files = self.exchange.received()
-        if not files:
+        token, links = self.hub.take(index)
+        if not token:
             return False
         with self.frontier.transaction():
-            for path in files:
-                for link in Exchange.read(path):
-                    if isinstance(link, ExchangeError):
-                        self._error(str(link))
-                        continue
-                    try:
-                        url = normalize_url(link.url)
-                    except BadURL as exc:
-                        self._error(f"{path}: {exc}")
-                        continue
-                    if not link.scoped and link.depth == 0:
-                        self._scope.add(site_of(url))  # a seed's redirect target: its site joins the scope
-                    self._admit(url, link.depth, link.kind, link.via, link.hops, link.scoped)
+            for link in links:
+                if isinstance(link, ExchangeError):
+                    self._error(str(link))
+                    continue
+                try:
+                    url = normalize_url(link.url)
+                except BadURL as exc:
+                    self._error(f"link from partition exchange: {exc}")
+                    continue
+                if not link.scoped and link.depth == 0:
+                    self._scope.add(site_of(url))  # a seed's redirect target: its site joins the scope
+                self._admit(url, link.depth, link.kind, link.via, link.hops, link.scoped)
         self._report(idle=False)
-        for path in files:
-            os.remove(path)
+        if self.checkpoint is None:
+            self.hub.acknowledge(index, token)
+        else:
+            self._unacknowledged.append(token)
         return True
+
+    def _checkpoint(self) -> None:
+        """Save the frontier to the store (in the commit's thread), then acknowledge the links it holds:
+        every link taken before the copy began was admitted in a transaction the copy includes."""
+        assert self.checkpoint is not None
+        taken, self._unacknowledged = self._unacknowledged, []
+        try:
+            self.checkpoint.save(self.state_path)
+        except BaseException:
+            self._unacknowledged[:0] = taken
+            raise
+        if self.hub is not None and self.partition is not None:
+            for token in taken:
+                self.hub.acknowledge(self.partition.index, token)
 
     def _report(self, idle: bool) -> None:
         """Tell the coordinator whether this partition is idle; every busy report is a new epoch, and an
         idle one is renewed every half second (a heartbeat: a dead partition's status goes stale)."""
-        assert self.partition is not None
+        assert self.hub is not None and self.partition is not None
         now = time.time()
         if idle and self._reported_idle and now - self._reported_at < 0.5:
             return
         self._epoch += not idle
         self._reported_idle, self._reported_at = idle, now
-        write_json(self.partition.status, {"idle": idle, "epoch": f"{os.getpid()}:{self._epoch}", "at": now})
+        self.hub.report(self.partition.index, idle, f"{os.getpid()}:{self._epoch}")
 
     async def _idle(self) -> bool:
         """Nothing queued: pass links on, and wait for links from the other partitions until
         the coordinator says every partition is idle and no link is on its way (False: stop)."""
-        assert self.partition is not None
+        assert self.hub is not None
         while not self._stopping and not self._limit_reached():
             self._exchange()
             if self.scheduler.next_due is not None or self._tasks:
                 return True
             self._report(idle=True)
-            if os.path.exists(self.partition.done):
+            if self.hub.stopped():
                 return False
             self._wake.clear()
             try:
@@ -590,38 +621,6 @@ class Crawler:
             hosts={h.origin: {"requests": h.requests, "failures": h.failures, "delay_s": round(self.scheduler.delay(h), 3),
                               "parked": h.parked} for h in self.scheduler.hosts.values()},
             proxies=self.proxies.health(), errors=list(self._errors), dedup_service=dict(self.pages.dedup_counts))
-
-
-def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
-          on_progress: Callable[[dict[str, Any]], None] | None = None, oracle: DuplicateOracle | None = None,
-          launcher: PartitionLauncher | None = None, **options: Any) -> CrawlSummary:
-    """Crawl ``seeds`` (page or sitemap URLs) into the corpus folder ``output``; re-running resumes.
-
-    Options are :class:`CrawlConfig` fields, e.g. ``crawl(seeds, "out", allow_networks=["127.0.0.0/8"])``.
-    With an ``oracle`` (:mod:`gristmill.crawlers.oracle`), pages whose text it already holds are not stored.
-    SIGINT and SIGTERM stop the crawl gracefully (in-flight pages finish, results are committed; a
-    second signal cancels the pages in flight). After SIGTERM the summary is returned; after SIGINT
-    (Ctrl-C) :class:`KeyboardInterrupt` is raised once everything is committed, as Python code
-    expects of Ctrl-C, and the crawl resumes when run again.
-    With ``partitions=K`` (K > 1) the crawl runs as K partitions (:mod:`gristmill.crawlers.partitioned`), local
-    processes unless a ``launcher`` runs them elsewhere (``gristmill crawl --ray-address``: Ray
-    actors); ``on_progress`` then gets the partitions' reports added up.
-    """
-    cfg = config or CrawlConfig(**options)
-    check_output_folder(output, cfg.storage_options)  # before any state is made
-    check_partitions(state_root(output, cfg.state_dir), cfg.partitions)
-    if cfg.partitions > 1:
-        merged, received = Coordinator(seeds, output, cfg, oracle, launcher, on_progress).run()
-        summary = CrawlSummary(**merged)
-    else:
-        summary, received = run_until_signalled(Crawler(seeds, output, cfg, on_progress, oracle))
-    if signal.SIGINT in received:
-        log.warning("interrupted: %d documents stored in %s so far, %d URLs still queued; everything "
-                    "finished is committed", summary.documents, output, summary.queued)
-        raise KeyboardInterrupt
-    if received:
-        summary.stopped_by = received[0].name
-    return summary
 
 
 def run_until_signalled(crawler: Crawler) -> tuple[CrawlSummary, list[signal.Signals]]:

@@ -56,6 +56,7 @@ class PrivateNodes:
     data: Path
     env: dict[str, str]
     sessions: list[int] = field(default_factory=list)
+    workers: list[int] = field(default_factory=list)  # each worker node's session (kill_session ends the node)
 
 
 def _node_ports() -> list[str]:
@@ -120,6 +121,7 @@ def private_nodes(env: Mapping[str, str] | None = None, workers: int = 2) -> Ite
             _start(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(data),
                     *JOIN, "start", f"--address={cluster.address}", "--node-ip-address=127.0.0.1",
                     f"--temp-dir={root / f'w{index}'}", *common, *_node_ports()], node_env, cluster.sessions)
+            cluster.workers.append(cluster.sessions[-1])
         _wait_for_nodes(cluster.address, 1 + workers, node_env)
         yield cluster
     finally:

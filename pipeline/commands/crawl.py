@@ -21,6 +21,7 @@ from gristmill.pipeline.service.client import TOKEN_ENV
 if TYPE_CHECKING:
     from gristmill.crawlers.config import CrawlSummary
 
+log = logging.getLogger("gristmill.crawl")
 MAX_BODY_BYTES = CrawlConfig.max_body_bytes
 USER_AGENT = CrawlConfig.user_agent
 
@@ -122,10 +123,11 @@ def read_seeds(path: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gristmill.crawlers.crawler import crawl
     from gristmill.crawlers.locks import StateInUse
     from gristmill.crawlers.output import check_output_folder
-    from gristmill.crawlers.partitioned import check_partitions, state_root
+    from gristmill.crawlers.partitioned import check_partitions
+    from gristmill.crawlers.run import crawl
+    from gristmill.crawlers.state import check_state_url, state_url
     from gristmill.pipeline.service.oracle import ServiceOracle
 
     try:
@@ -149,12 +151,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = CrawlConfig(**_options(args))
         check_output_folder(args.output, config.storage_options)
-        check_partitions(state_root(args.output, config.state_dir), config.partitions)
+        state = state_url(args.output, config.state_dir)
+        check_state_url(state, config.storage_options, config.partitions)
+        check_partitions(state, config.partitions, config.storage_options)
     except ValueError as exc:
         print(f"gristmill crawl: {exc}", file=sys.stderr)
         return 2
     oracle = ServiceOracle(args.dedup_service, os.environ.get(TOKEN_ENV) or None) if args.dedup_service else None
-    launcher = RayLauncher(args.ray_address) if args.ray_address and config.partitions > 1 else None
+    launcher = None
+    if args.ray_address and config.partitions > 1:
+        launcher = RayLauncher(args.ray_address)
+        try:  # on nodes that share no disk, a local folder only this node sees would never end the crawl
+            launcher.check_folders({"-o": args.output, "--state-dir": state}, config.storage_options)
+        except ValueError as exc:
+            print(f"gristmill crawl: {exc}", file=sys.stderr)
+            return 2
     progress = None if args.quiet else ProgressDisplay(config.max_pages)
     summary = None
     try:
@@ -242,12 +253,17 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 class RayLauncher:
-    """The crawl's partitions as Ray actors spread over the cluster (crawlers.partitioned.PartitionLauncher).
+    """The crawl's partitions as Ray actors, one per node where the cluster has enough
+    (crawlers.partitioned.PartitionLauncher), talking to the coordinator through a hub actor.
 
-    Why Ray's own restarts: when a node dies, Ray starts the actor again elsewhere and retries its
-    crawl call, which resumes the partition from its frontier; the coordinator only sees a partition
-    die once those retries are spent. A signal ends the actors at once (like a crash: everything
-    finished is in their frontiers, a re-run resumes).
+    Why a hub actor: nodes share no disk, so status, segments, links and the stop signal travel as
+    calls to one actor (crawlers.hub.MemoryHub) on the driver's node, never as files. Why Ray's own
+    restarts: when a node dies, Ray starts the actor again on another node and retries its crawl
+    call, which resumes the partition from its last checkpoint on the store; the coordinator only
+    sees a partition die once those retries are spent. Why a placement group: SPREAD alone is best
+    effort (two partitions landed on one node); STRICT_SPREAD puts each on its own node, and where
+    the cluster has fewer nodes than partitions the launcher falls back to SPREAD and says so.
+    A signal ends the actors at once (like a crash: a re-run resumes from the checkpoints).
     """
 
     def __init__(self, address: str | None = None, restarts: int = 3) -> None:
@@ -257,9 +273,42 @@ class RayLauncher:
             ray.init(address=address, log_to_driver=True)
         self._actor = ray.remote(max_restarts=restarts, max_task_retries=restarts)(_PartitionActor)
         self._calls: dict[int, tuple[Any, Any]] = {}
+        self._group: Any = None
+        self.hub: ActorHub | None = None
+
+    def open(self, count: int, root: str) -> ActorHub:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from gristmill.crawlers.hub import MemoryHub
+
+        nodes = [node for node in ray.nodes() if node.get("Alive") and node.get("Resources", {}).get("CPU", 0) >= 1]
+        strategy = "STRICT_SPREAD" if len(nodes) >= count else "SPREAD"
+        if strategy == "SPREAD":
+            log.warning("%d partitions on %d nodes with a CPU: placing them with SPREAD (some share a node)",
+                        count, len(nodes))
+        self._group = placement_group([{"CPU": 1}] * count, strategy=strategy)
+        ray.get(self._group.ready(), timeout=120)
+        here = ray.get_runtime_context().get_node_id()
+        actor = ray.remote(num_cpus=0, max_restarts=0)(MemoryHub).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
+        self.hub = ActorHub(actor)
+        return self.hub
+
+    def check_folders(self, writes: dict[str, str], storage_options: dict[str, Any]) -> None:
+        """Refuse (ValueError, one line) a local folder of ``writes`` (flag -> path) some node does not see."""
+        import ray
+
+        from gristmill.pipeline.job.nodes import check_written_folders
+
+        check_written_folders(ray, dict(writes), storage_options)
 
     def start(self, index: int, run: Callable[[], dict[str, Any]]) -> None:
-        actor = self._actor.options(scheduling_strategy="SPREAD", name=None).remote()
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=index)
+        actor = self._actor.options(num_cpus=1, scheduling_strategy=strategy).remote()
         self._calls[index] = (actor, actor.run.remote(run))
 
     def running(self) -> set[int]:
@@ -285,10 +334,34 @@ class RayLauncher:
 
     def close(self) -> None:
         import ray
+        from ray.util.placement_group import remove_placement_group
 
         for actor, _call in self._calls.values():
             ray.kill(actor, no_restart=True)
         self._calls.clear()
+        if self._group is not None:
+            remove_placement_group(self._group)
+            self._group = None
+
+
+class ActorHub:
+    """A crawlers.hub.Hub whose calls go to a MemoryHub actor: partitions and coordinator share it
+    wherever they run (it pickles as its actor handle)."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name.startswith("_") or name == "actor":  # pickle's probes, and before __dict__ is back
+            raise AttributeError(name)
+        method = getattr(self.actor, name)
+
+        def call(*args: Any) -> Any:
+            import ray
+
+            return ray.get(method.remote(*args))
+
+        return call
 
 
 class _PartitionActor:
