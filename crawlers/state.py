@@ -106,6 +106,7 @@ class Checkpoint:
         """Upload a consistent copy of the frontier ``local`` unless no transaction committed since
         the last save; returns whether it uploaded."""
         if self._source is None:
+            self.fs.makedirs(posixpath.dirname(self.path), exist_ok=True)
             self._source = sqlite3.connect(local, check_same_thread=False, timeout=60.0)
         version = self._source.execute("PRAGMA data_version").fetchone()[0]
         if version == self._version:

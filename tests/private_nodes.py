@@ -56,7 +56,8 @@ class PrivateNodes:
     data: Path
     env: dict[str, str]
     sessions: list[int] = field(default_factory=list)
-    workers: list[int] = field(default_factory=list)  # each worker node's session (kill_session ends the node)
+    # each worker node's session (kill_session ends the node) -> its raylet's port (ray.nodes()'s NodeManagerPort)
+    workers: dict[int, int] = field(default_factory=dict)
 
 
 def _node_ports() -> list[str]:
@@ -118,10 +119,20 @@ def private_nodes(env: Mapping[str, str] | None = None, workers: int = 2) -> Ite
         # the tmpfs hides data/ from each worker node; its daemons keep the namespace alive after start
         script = 'mount -t tmpfs -o size=16m gm-private "$0" && exec "$@"'
         for index in range(workers):
-            _start(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(data),
-                    *JOIN, "start", f"--address={cluster.address}", "--node-ip-address=127.0.0.1",
-                    f"--temp-dir={root / f'w{index}'}", *common, *_node_ports()], node_env, cluster.sessions)
-            cluster.workers.append(cluster.sessions[-1])
+            for attempt in range(3):  # `ray start` gives a raylet 30 s to register: a loaded machine can miss it
+                ports = _node_ports()
+                try:
+                    _start(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(data),
+                            *JOIN, "start", f"--address={cluster.address}", "--node-ip-address=127.0.0.1",
+                            f"--temp-dir={root / f'w{index}-{attempt}'}", *common, *ports], node_env,
+                           cluster.sessions)
+                except RuntimeError as exc:
+                    if "timed out during startup" not in str(exc) or attempt == 2:
+                        raise
+                    kill_session(cluster.sessions[-1])
+                    continue
+                cluster.workers[cluster.sessions[-1]] = int(ports[0].split("=")[1])
+                break
         _wait_for_nodes(cluster.address, 1 + workers, node_env)
         yield cluster
     finally:

@@ -33,9 +33,10 @@ pytestmark = pytest.mark.timeout(600)
 GRISTMILL = str(Path(sys.executable).parent / "gristmill")
 SETTINGS = dict(allow_networks=["127.0.0.0/8"], adaptive=False, extract=False, commit_every=3, commit_interval=0.3,
                 progress_interval=60.0)
-# A node whose raylet is gone is declared dead after about two seconds (Ray's default: about thirty).
-FAST_FAILURE = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "500",
-                "RAY_health_check_failure_threshold": "4"}
+# A node whose raylet is gone (its port refuses) is declared dead after about five seconds (Ray's
+# default: about thirty); a slow answer still has three seconds, so a loaded machine kills no node.
+FAST_FAILURE = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "3000",
+                "RAY_health_check_failure_threshold": "5"}
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +100,23 @@ def test_a_partitioned_crawl_on_private_disks_publishes_every_page_once(cluster:
 
     options = s3_server["storage_options"]
     output = f"{s3_bucket}/out"
-    summary = crawl(site.seeds, output, host_map=site.host_map, partitions=2, launcher=RayLauncher(),
+    launcher = RayLauncher()
+    sessions: dict[int, int | None] = {}
+    done = threading.Event()
+
+    def note_where_the_partitions_run() -> None:
+        while not done.wait(0.05) and len(sessions) < 2:
+            statuses = launcher.hub.statuses([0, 1]) if launcher.hub is not None else {}
+            for index, status in statuses.items():
+                sessions.setdefault(index, _session_of(int(status["epoch"].split(":")[0])))
+
+    watcher = threading.Thread(target=note_where_the_partitions_run, daemon=True)
+    watcher.start()
+    summary = crawl(site.seeds, output, host_map=site.host_map, partitions=2, launcher=launcher,
                     storage_options=options, min_delay=0.0, **SETTINGS)
+    done.set()
+    watcher.join()
+    assert len(set(sessions.values())) == 2, f"the partitions shared a node: {sessions}"  # STRICT_SPREAD
     stored = _stored(output, options)
     assert len(stored) == len(set(stored)), "a page was stored twice"
     assert set(stored) == single
@@ -119,6 +135,12 @@ def test_a_node_killed_mid_crawl_loses_no_page_and_stores_none_twice(cluster: Pr
     fs = s3fs.S3FileSystem(**options, skip_instance_cache=True)
     launcher = RayLauncher()
     killed: list[tuple[int, int]] = []
+    # every node is 127.0.0.1, so this driver may have joined through a worker node's raylet: never kill that one
+    import ray
+
+    mine = ray.get_runtime_context().get_node_id()
+    port = next(node["NodeManagerPort"] for node in ray.nodes() if node["NodeID"] == mine)
+    victims = {session for session, raylet in cluster.workers.items() if raylet != port}
 
     def kill_a_worker_node_once_its_partition_checkpointed() -> None:
         deadline = time.monotonic() + 120
@@ -128,7 +150,7 @@ def test_a_node_killed_mid_crawl_loses_no_page_and_stores_none_twice(cluster: Pr
                 continue
             for index, status in launcher.hub.statuses([0, 1]).items():
                 session = _session_of(int(status["epoch"].split(":")[0]))
-                if session in cluster.workers and fs.exists(f"{output}/_crawl/p{index}/frontier.sqlite"):
+                if session in victims and fs.exists(f"{output}/_crawl/p{index}/frontier.sqlite"):
                     fs.invalidate_cache()
                     kill_session(session)
                     killed.append((index, session))

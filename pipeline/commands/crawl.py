@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from gristmill.crawlers.config import CrawlSummary
 
 log = logging.getLogger("gristmill.crawl")
+HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node only
 MAX_BODY_BYTES = CrawlConfig.max_body_bytes
 USER_AGENT = CrawlConfig.user_agent
 
@@ -257,10 +258,10 @@ class RayLauncher:
     (crawlers.partitioned.PartitionLauncher), talking to the coordinator through a hub actor.
 
     Why a hub actor: nodes share no disk, so status, segments, links and the stop signal travel as
-    calls to one actor (crawlers.hub.MemoryHub) on the driver's node, never as files. Why Ray's own
-    restarts: when a node dies, Ray starts the actor again on another node and retries its crawl
-    call, which resumes the partition from its last checkpoint on the store; the coordinator only
-    sees a partition die once those retries are spent. Why a placement group: SPREAD alone is best
+    calls to one actor (crawlers.hub.MemoryHub) on the head node (whose loss ends the cluster
+    anyway), never as files. Why Ray's own restarts: when a node dies, Ray starts the actor again
+    on another node and retries its crawl call, which resumes the partition from its last
+    checkpoint on the store; the coordinator only sees a partition die once those retries are spent. Why a placement group: SPREAD alone is best
     effort (two partitions landed on one node); STRICT_SPREAD puts each on its own node, and where
     the cluster has fewer nodes than partitions the launcher falls back to SPREAD and says so.
     A signal ends the actors at once (like a crash: a re-run resumes from the checkpoints).
@@ -290,9 +291,10 @@ class RayLauncher:
                         count, len(nodes))
         self._group = placement_group([{"CPU": 1}] * count, strategy=strategy)
         ray.get(self._group.ready(), timeout=120)
-        here = ray.get_runtime_context().get_node_id()
+        head = next((node["NodeID"] for node in ray.nodes() if node.get("Alive")
+                     and HEAD_RESOURCE in node.get("Resources", {})), ray.get_runtime_context().get_node_id())
         actor = ray.remote(num_cpus=0, max_restarts=0)(MemoryHub).options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
+            scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=True)).remote()
         self.hub = ActorHub(actor)
         return self.hub
 
