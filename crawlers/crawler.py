@@ -83,6 +83,7 @@ class Crawler:
         self.scheduler = HostScheduler(self.config, self.frontier, time.monotonic, self._wake.set)
         self._stopping = False
         self._inflight = 0
+        self._pages_in_flight = 0  # page requests dispatched and not yet stored or given up (max_pages)
         self._tasks: set[asyncio.Task[None]] = set()
         self._scope: set[str] = set()
         self._status = Counter[str]()
@@ -240,6 +241,15 @@ class Crawler:
         limit = self.config.max_pages
         return limit is not None and self._documents >= limit
 
+    def _limit_taken(self) -> bool:
+        """The pages stored and the pages in flight (fetching, waiting for extraction) fill ``max_pages``.
+
+        Why count the pages in flight: a cap checked on stored pages alone let every page already
+        dispatched land, and ``--max-pages 150`` stored 362 (issue 28). A page in flight that ends
+        without a document frees its place for another."""
+        limit = self.config.max_pages
+        return limit is not None and self._documents + self._pages_in_flight >= limit
+
     async def _dispatch(self) -> None:
         while True:
             await self._slots.acquire()
@@ -251,7 +261,9 @@ class Crawler:
             self.pages.start()  # not before: a re-run of a finished crawl starts no extraction worker
             self._inflight += 1
             self._requests += 1
-            task = asyncio.create_task(self._work(host, request))
+            page = isinstance(request, Request) and request.kind == KIND_PAGE
+            self._pages_in_flight += page
+            task = asyncio.create_task(self._work(host, request, page))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -259,6 +271,10 @@ class Crawler:
         while True:
             if self._stopping or self._limit_reached():
                 return None
+            if self._limit_taken():  # wait for the pages in flight: they may leave room
+                self._wake.clear()
+                await self._wake.wait()
+                continue
             item = self.scheduler.due()
             if item is not None:
                 return item
@@ -298,7 +314,7 @@ class Crawler:
         self.scheduler.retry_later(host, request, wait)
 
     # -- work --------------------------------------------------------------------------------
-    async def _work(self, host: Host, request: Any) -> None:
+    async def _work(self, host: Host, request: Any, page: bool = False) -> None:
         released = False
 
         def release() -> None:
@@ -327,6 +343,7 @@ class Crawler:
         finally:
             if request is ROBOTS:
                 host.robots_pending = False
+            self._pages_in_flight -= page
             release()
             self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
             self._wake.set()

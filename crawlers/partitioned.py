@@ -199,12 +199,19 @@ def _exists(url: str, storage_options: Mapping[str, Any] | None) -> bool:
 
 
 def partition_config(config: Any, partition: Partition) -> Any:
-    """A partition's share of the crawl's limits: connections, extraction workers and pages split K ways."""
+    """A partition's share of the crawl's limits: connections, extraction workers and pages split K ways
+    (pages exactly, so that ``max_pages`` caps the whole crawl; one at least, when it is below K)."""
     count = partition.count
     return replace(config, partitions=1, state_dir=None,
                    concurrency=max(1, config.concurrency // count),
                    extract_workers=max(1, config.extract_workers // count),
-                   max_pages=None if config.max_pages is None else math.ceil(config.max_pages / count))
+                   max_pages=None if config.max_pages is None else max(1, share(config.max_pages, count,
+                                                                                  partition.index)))
+
+
+def share(total: int, count: int, index: int) -> int:
+    """Partition ``index``'s part of ``total`` split ``count`` ways: the parts add up to ``total``."""
+    return total // count + (index < total % count)
 
 
 class Coordinator:

@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         report["errors"] = report["errors"][:20]
         print(json.dumps(report, indent=1))
     else:
-        print(describe(summary))
+        print(describe(summary, config.max_pages))
     if not summary.documents and not summary.stopped_by:
         print(nothing_stored(summary), file=sys.stderr)
         return 1
@@ -227,8 +227,9 @@ class ProgressDisplay:
             self.bar.close()
 
 
-def describe(summary: CrawlSummary) -> str:
-    """The crawl summary for a person: what is stored, what this run did, and what became of every URL."""
+def describe(summary: CrawlSummary, max_pages: int | None = None) -> str:
+    """The crawl summary for a person: what is stored, what this run did, and what became of every URL
+    (and, when ``max_pages`` stopped it with URLs queued, how to go on: the same command would not)."""
     rate = f", {summary.pages_per_s:,.1f} pages/s" if summary.fetched_this_run else ""
     lines = [f"{summary.output}: {summary.documents:,} documents stored (all runs)",
              f"this run: {summary.fetched_this_run:,} pages processed in {summary.elapsed_s:,.1f} s{rate}, "
@@ -236,7 +237,10 @@ def describe(summary: CrawlSummary) -> str:
              f"URLs admitted, by outcome: {_counts(summary.outcomes) or 'none'}"]
     if summary.status_counts:
         lines.append(f"responses this run, by HTTP status or error: {_counts(summary.status_counts)}")
-    if summary.queued:
+    if summary.queued and max_pages is not None and summary.documents >= max_pages:
+        lines.append(f"{summary.queued:,} URLs still queued: --max-pages {max_pages:,} is reached (all runs "
+                     "count); run again with a higher --max-pages to go on")
+    elif summary.queued:
         lines.append(f"{summary.queued:,} URLs still queued: run the same command again to go on")
     if summary.parked_hosts:
         lines.append(f"{len(summary.parked_hosts):,} hosts parked (--retry-parked tries them again)")
