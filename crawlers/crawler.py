@@ -31,6 +31,7 @@ from .fetch import (
     FetchError,
     FetchLimits,
     Response,
+    UnresolvableHost,
     retry_after_seconds,
 )
 from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, ResultLog
@@ -366,6 +367,9 @@ class Crawler:
         if robots.blocked is not None:
             self._park(host, "address not allowed", f"blocked: {robots.blocked}")
             return
+        if robots.unresolved is not None:
+            self._park(host, "name does not resolve", f"dns: {robots.unresolved}")
+            return
         if robots.unavailable is not None:
             host.robots_failures += 1
             self._error(f"{host.origin}/robots.txt unavailable, host deferred: {robots.unavailable}")
@@ -401,6 +405,10 @@ class Crawler:
             response = await self.fetcher.fetch(request.url, accept, proxy)
         except BlockedError as exc:
             self._finish(request, f"blocked: {exc}")
+            return
+        except UnresolvableHost as exc:
+            self._finish(request, f"dns: {exc}")
+            self._park(host, "name does not resolve", f"dns: {exc}")
             return
         except FetchError as exc:
             if exc.retryable:

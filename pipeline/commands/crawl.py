@@ -41,6 +41,7 @@ HINTS = {
     "host": "their hosts were parked; --retry-parked tries them again",
     "http": "the server answered with an error status",
     "duplicate": "the dedup service already holds these documents",
+    "dns": "their host names do not resolve: check them, or give an address with --resolve HOST=IP",
 }
 
 
