@@ -25,13 +25,14 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from gristmill.pipeline.format import RAW_CRAWL_SCHEMA, ShardInfo, ShardWriter, open_fs, write_manifest
+from gristmill.pipeline.format import RAW_CRAWL_SCHEMA, Lease, ShardInfo, ShardWriter, open_fs, write_manifest
 
 from .frontier import Frontier, ResultLog
 from .output import RAW_CRAWL_KIND, rows_to_table, write_warc
 
 SHARD_PREFIX = "crawl"
 WARC_FOLDER = "warc"
+CRAWL_JOB = "crawl"  # the lease's job: crawls of one output wait for each other's publication, others are refused
 PUBLISH_SHARE = 0.05  # at most this share of a crawl's time goes to publishing the listing of its shards
 
 
@@ -129,7 +130,9 @@ class Committer:
 
 def publish_segments(output: str, segments: list[Mapping[str, Any]],
                      storage_options: Mapping[str, Any] | None = None) -> None:
-    """One manifest listing the shards of every segment, with their crawl statistics added up."""
+    """One manifest listing the shards of every segment, with their crawl statistics added up, written
+    under the output folder's lease (pipeline/format/lease.py): a dedup job or ``gc`` writing the
+    folder refuses the crawl's manifest (:class:`LeaseHeld`) instead of both committing over each other."""
     shards = [ShardInfo.from_dict(info) for segment in segments for info in segment["shards"]]
     warcs = sorted({warc for segment in segments for warc in segment["warc_files"]})
     documents, outcomes, parked = 0, Counter[str](), {}
@@ -139,8 +142,13 @@ def publish_segments(output: str, segments: list[Mapping[str, Any]],
         outcomes.update(crawl["outcomes"])
         parked.update(crawl["parked_hosts"])
     stats = {"crawl": {"documents": documents, "outcomes": dict(outcomes), "parked_hosts": parked}}
-    write_manifest(output, shards, RAW_CRAWL_SCHEMA, stats=stats,
-                   extra={"kind": RAW_CRAWL_KIND, "warc_files": warcs}, storage_options=storage_options)
+    lease = Lease(output, CRAWL_JOB, storage_options)  # LeaseHeld while another job writes the folder
+    lease.acquire()
+    try:
+        write_manifest(output, shards, RAW_CRAWL_SCHEMA, stats=stats,
+                       extra={"kind": RAW_CRAWL_KIND, "warc_files": warcs}, storage_options=storage_options)
+    finally:
+        lease.release()
 
 
 def crawl_stats(frontier: Frontier) -> dict[str, Any]:

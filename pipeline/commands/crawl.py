@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     from gristmill.crawlers.partitioned import check_partitions
     from gristmill.crawlers.run import crawl
     from gristmill.crawlers.state import check_state_url, state_url
+    from gristmill.pipeline.format import LeaseHeld
     from gristmill.pipeline.service.oracle import ServiceOracle
 
     try:
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = crawl(seeds, args.output, config, oracle=oracle, launcher=launcher,
                         on_progress=progress.show if progress else None)
-    except StateInUse as exc:  # another crawl owns this output's state
+    except (StateInUse, LeaseHeld) as exc:  # another crawl owns this output's state, another job the output
         print(f"gristmill crawl: {exc}", file=sys.stderr)
         return 2
     finally:
