@@ -300,7 +300,7 @@ class RayLauncher:
         head = next((node["NodeID"] for node in ray.nodes() if node.get("Alive")
                      and HEAD_RESOURCE in node.get("Resources", {})), ray.get_runtime_context().get_node_id())
         actor = ray.remote(num_cpus=0, max_restarts=0)(MemoryHub).options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=True)).remote()
+            scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
         self.hub = ActorHub(actor)
         return self.hub
 
