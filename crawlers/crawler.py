@@ -22,6 +22,7 @@ from urllib.parse import urljoin
 from . import sitemaps
 from .commits import SHARD_PREFIX, CommitLoop, Committer
 from .config import CrawlConfig, CrawlSummary
+from .exchange import PartitionExchange
 from .extract import ExtractionError
 from .fetch import (
     HTML_TYPES,
@@ -38,7 +39,7 @@ from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, ResultLog
 from .hub import Hub
 from .oracle import DuplicateOracle
 from .pages import OK, PageProcessor
-from .partitions import ExchangeError, Link, Partition
+from .partitions import Link, Partition
 from .progress import progress_line
 from .proxies import NoProxyAvailable, ProxyPool
 from .robots import Robots, fetch_robots
@@ -77,7 +78,6 @@ class Crawler:
         os.makedirs(folder, exist_ok=True)
         self.state_path = os.path.join(folder, STATE_FILE)
         self.checkpoint = Checkpoint(durable, self.config.storage_options) if durable is not None else None
-        self._unacknowledged: list[Any] = []  # links taken from the hub, admitted since the last checkpoint
         self.frontier = Frontier(self.state_path, self.config.synchronous,
                                  restore=self.checkpoint.restore if self.checkpoint is not None else None)
         self._wake = asyncio.Event()
@@ -94,9 +94,6 @@ class Crawler:
         self._fetched = 0
         self._documents = 0
         self.pages = PageProcessor(self.config, oracle, self._error)
-        self._epoch = 0  # bumped whenever this partition gets work: the coordinator's proof of quiet
-        self._reported_idle: bool | None = None
-        self._reported_at = 0.0
 
     # -- public ------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -122,11 +119,12 @@ class Crawler:
                               prefix=part.shard_prefix if part else SHARD_PREFIX,
                               segment=partial(self.hub.publish, part.index) if self.hub and part else None,
                               checkpoint=self._checkpoint if self.checkpoint is not None else None)
+        self.exchange = None if self.hub is None or part is None else PartitionExchange(
+            self.hub, part, self.frontier, self._admit_link, self._error, deferred=self.checkpoint is not None)
         self.commits = CommitLoop(committer, self.frontier, cfg, self._error,
-                                  self._exchange if part is not None else None)
-        if self.hub is not None and part is not None:
-            self.hub.join(part.index)  # links it took before a restart and never acknowledged come again
-            self._report(idle=False)
+                                  self.exchange.swap if self.exchange is not None else None)
+        if self.exchange is not None:
+            self.exchange.join()
         for orphan in committer.remove_orphans():
             log.info("removed %s: written by an interrupted commit, never listed by a manifest", orphan)
         if cfg.retry_parked:
@@ -505,80 +503,40 @@ class Crawler:
             self.commits.stored()
 
     # -- partitions --------------------------------------------------------------------------------
-    def _exchange(self) -> bool:
-        """Hand links to the partitions owning their hosts, and admit those handed to this one.
-
-        Returns whether any arrived. Links taken from the hub are acknowledged only after they are
-        admitted and this partition has reported itself busy (so the coordinator never sees them gone
-        while we look idle), and with the state on a store only after the next checkpoint holds them.
-        """
-        assert self.hub is not None and self.partition is not None
-        index = self.partition.index
-        while rows := self.frontier.outbox():
-            by_destination: dict[int, list[Link]] = {}
-            for _id, destination, *link in rows:
-                by_destination.setdefault(destination, []).append(Link(*link))
-            for destination, links in by_destination.items():
-                self.hub.post(index, destination, links, rows[-1][0])
-            self.frontier.handed_over(rows[-1][0])
-        token, links = self.hub.take(index)
-        if not token:
-            return False
-        with self.frontier.transaction():
-            for link in links:
-                if isinstance(link, ExchangeError):
-                    self._error(str(link))
-                    continue
-                try:
-                    url = normalize_url(link.url)
-                except BadURL as exc:
-                    self._error(f"link from partition exchange: {exc}")
-                    continue
-                if not link.scoped and link.depth == 0:
-                    self._scope.add(site_of(url))  # a seed's redirect target: its site joins the scope
-                self._admit(url, link.depth, link.kind, link.via, link.hops, link.scoped)
-        self._report(idle=False)
-        if self.checkpoint is None:
-            self.hub.acknowledge(index, token)
-        else:
-            self._unacknowledged.append(token)
-        return True
+    def _admit_link(self, link: Link) -> None:
+        """A link another partition found for a host of this one (inside the exchange's transaction)."""
+        try:
+            url = normalize_url(link.url)
+        except BadURL as exc:
+            self._error(f"link from partition exchange: {exc}")
+            return
+        if not link.scoped and link.depth == 0:
+            self._scope.add(site_of(url))  # a seed's redirect target: its site joins the scope
+        self._admit(url, link.depth, link.kind, link.via, link.hops, link.scoped)
 
     def _checkpoint(self) -> None:
-        """Save the frontier to the store (in the commit's thread), then acknowledge the links it holds:
-        every link taken before the copy began was admitted in a transaction the copy includes."""
+        """Save the frontier to the store (in the commit's thread), then acknowledge the links it holds."""
         assert self.checkpoint is not None
-        taken, self._unacknowledged = self._unacknowledged, []
+        taken = self.exchange.checkpointing() if self.exchange is not None else []
         try:
             self.checkpoint.save(self.state_path)
         except BaseException:
-            self._unacknowledged[:0] = taken
+            if self.exchange is not None:
+                self.exchange.not_checkpointed(taken)
             raise
-        if self.hub is not None and self.partition is not None:
-            for token in taken:
-                self.hub.acknowledge(self.partition.index, token)
-
-    def _report(self, idle: bool) -> None:
-        """Tell the coordinator whether this partition is idle; every busy report is a new epoch, and an
-        idle one is renewed every half second (a heartbeat: a dead partition's status goes stale)."""
-        assert self.hub is not None and self.partition is not None
-        now = time.time()
-        if idle and self._reported_idle and now - self._reported_at < 0.5:
-            return
-        self._epoch += not idle
-        self._reported_idle, self._reported_at = idle, now
-        self.hub.report(self.partition.index, idle, f"{os.getpid()}:{self._epoch}")
+        if self.exchange is not None:
+            self.exchange.checkpointed(taken)
 
     async def _idle(self) -> bool:
         """Nothing queued: pass links on, and wait for links from the other partitions until
         the coordinator says every partition is idle and no link is on its way (False: stop)."""
-        assert self.hub is not None
+        assert self.exchange is not None
         while not self._stopping and not self._limit_reached():
-            self._exchange()
+            self.exchange.swap()
             if self.scheduler.next_due is not None or self._tasks:
                 return True
-            self._report(idle=True)
-            if self.hub.stopped():
+            self.exchange.report(idle=True)
+            if self.exchange.stopped():
                 return False
             self._wake.clear()
             try:
