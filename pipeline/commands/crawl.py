@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                 "line or in the job file)")
     parser.add_argument("--job", metavar="TOML", help="read options from this TOML file's [crawl] table (or its top "
                                                       "level); the command line wins (default: none)")
-    parser.add_argument("--state-dir", help="frontier folder (default: OUTPUT/.crawl; required for remote output)")
+    parser.add_argument("--state-dir", help="frontier folder, or a store URL it is checkpointed to at each commit "
+                                            "(default: OUTPUT/.crawl; OUTPUT/_crawl for a remote output)")
     parser.add_argument("--concurrency", type=int, default=64, help="connections overall (default: %(default)s)")
     parser.add_argument("--per-host", type=int, default=2, help="connections per host (default: %(default)s)")
     parser.add_argument("--delay", type=float, default=1.0,
