@@ -4,8 +4,9 @@ Why processes: one event loop tops out at one core (parsing links, bookkeeping),
 needs a second crawler; giving each its own hosts keeps politeness and robots.txt per host exact
 with no coordination between them. The coordinator here only starts them, restarts one that dies
 (it resumes from its own frontier), publishes one manifest from their segments, and decides when
-the crawl is over: every live partition idle, twice in a row with the same epochs, and no file of
-links waiting for any of them.
+the crawl is over: every live partition idle, twice in a row with the same epochs, and no links
+waiting for any of them. All of it goes through a hub (:mod:`gristmill.crawlers.hub`): files in the
+state folder for local processes, one actor for Ray partitions on nodes that share no disk.
 
 Why partitions die with their coordinator: the coordinator alone publishes the manifest and restarts
 partitions; after ``kill -9`` of it, partitions that ran on went on storing pages that a rerun's new
