@@ -167,19 +167,23 @@ def test_a_node_killed_mid_crawl_loses_no_page_and_stores_none_twice(cluster: Pr
     assert summary.documents == len(stored)
 
 
+@pytest.mark.parametrize("partitions", [1, 2])
 def test_a_state_dir_on_s3_is_checkpointed_there_not_in_a_local_folder(site: DemoSite, s3_bucket: str,
-                                                                         s3_server: dict, tmp_path: Path) -> None:
+                                                                         s3_server: dict, tmp_path: Path,
+                                                                         partitions: int) -> None:
     seeds = tmp_path / "seeds.txt"
-    seeds.write_text(site.seeds[0] + "\n")
+    seeds.write_text("".join(seed + "\n" for seed in site.seeds[:2]))
     state = f"{s3_bucket}/state"
     command = [GRISTMILL, "crawl", str(seeds), "-o", str(tmp_path / "out"), "--state-dir", state, "--delay", "0",
-               "--allow-network", "127.0.0.0/8", "--no-extract", "--extract-workers", "1", "--max-pages", "5",
-               "--quiet", "--json"] + [f"--resolve={host}={ip}" for host, ip in site.host_map.items()]
+               "--allow-network", "127.0.0.0/8", "--no-extract", "--extract-workers", "1", "--max-pages", "6",
+               "--partitions", str(partitions), "--quiet", "--json"] + [
+                   f"--resolve={host}={ip}" for host, ip in site.host_map.items()]
     first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
     assert not (tmp_path / "s3:").exists()
     fs = s3fs.S3FileSystem(**s3_server["storage_options"])
-    assert fs.exists(f"{state}/frontier.sqlite")
+    checkpoints = [f"{state}/frontier.sqlite"] if partitions == 1 else [f"{state}/p{i}/frontier.sqlite" for i in (0, 1)]
+    assert all(fs.exists(path) for path in checkpoints)
     stored = _stored(str(tmp_path / "out"), {})
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
