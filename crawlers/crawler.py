@@ -164,6 +164,7 @@ class Crawler:
                 self.results.close()
                 if self.checkpoint is not None:
                     self.checkpoint.close()
+                    self.checkpoint.discard(self.state_path)  # a restart starts from the store's copy anyway
         return summary
 
     def enqueue(self, urls: Iterable[str], depth: int = 0) -> int:

@@ -92,9 +92,7 @@ class Checkpoint:
     def restore(self, local: str) -> bool:
         """Replace the local frontier ``local`` by the store's copy (or remove it when the store has
         none); returns whether a copy was restored. Called with the frontier's lock held."""
-        for leftover in (local, local + "-wal", local + "-shm"):
-            if os.path.exists(leftover):
-                os.remove(leftover)
+        self.discard(local)
         if not self.fs.exists(self.path):
             return False
         partial = local + ".restoring"
@@ -126,3 +124,11 @@ class Checkpoint:
         if self._source is not None:
             self._source.close()
             self._source = None
+
+    @staticmethod
+    def discard(local: str) -> None:
+        """Remove the local frontier ``local`` once closed (its lock file stays: a waiting crawler may
+        hold it open): no crawler resumes from it, so scratch folders do not pile up on a node."""
+        for leftover in (local, local + "-wal", local + "-shm"):
+            if os.path.exists(leftover):
+                os.remove(leftover)

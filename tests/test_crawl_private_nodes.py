@@ -23,6 +23,7 @@ import pytest
 import s3fs
 
 from gristmill.crawlers import crawl
+from gristmill.crawlers.state import scratch_folder
 from gristmill.pipeline.demo.site.server import DemoSite
 from gristmill.pipeline.format import Corpus
 
@@ -184,6 +185,8 @@ def test_a_state_dir_on_s3_is_checkpointed_there_not_in_a_local_folder(site: Dem
     fs = s3fs.S3FileSystem(**s3_server["storage_options"])
     checkpoints = [f"{state}/frontier.sqlite"] if partitions == 1 else [f"{state}/p{i}/frontier.sqlite" for i in (0, 1)]
     assert all(fs.exists(path) for path in checkpoints)
+    left = [path.name for path in Path(scratch_folder(state)).rglob("frontier.sqlite*")]
+    assert set(left) <= {"frontier.sqlite.lock"}, left  # the node's copy is gone after the run (not its lock)
     stored = _stored(str(tmp_path / "out"), {})
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
