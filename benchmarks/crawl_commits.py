@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from gristmill.crawlers.commits import PUBLISH_SHARE, Committer, publish_segments  # noqa: E402
 from gristmill.crawlers.frontier import RESULT_COLUMNS, Frontier, ResultLog  # noqa: E402
-from gristmill.crawlers.partitions import read_json  # noqa: E402
+from gristmill.crawlers.partitions import read_json, write_json  # noqa: E402
 
 PAGES = 1000
 INTERVAL = 30.0  # commit_interval's default
@@ -88,7 +89,7 @@ def measure(size: int, calls: int, row_groups: int) -> dict[str, float]:
         committer = Committer(str(out), results, shard_bytes=256 << 20, row_group_bytes=4 << 20, warc=False)
         segment = str(out / ".crawl" / "segment.json")
         partition = Committer(str(out), results, shard_bytes=256 << 20, row_group_bytes=4 << 20, warc=False,
-                              segment=segment)
+                              segment=partial(write_json, segment))
         times: dict[str, list[float]] = {"before": [], "now": [], "publish": [], "publish_wall": [], "coordinator": []}
         for call in range(calls):
             pending_pages(results, 2 * call * PAGES)

@@ -21,7 +21,13 @@ crawls at once, each of half the hosts into its own output with half the connect
 nothing shared (no coordinator, no exchange, no common end), so what two crawler processes get out of
 this machine. K = 2 can approach it, not beat it.
 
+With ``--store-latency S`` every K also crawls with its state on S3 (moto behind
+``shaped_store.py`` answering after S seconds, in processes of their own): each partition's frontier
+lives in a scratch folder and is checkpointed to the store at every commit (``--commit-every``), as
+on a cluster whose nodes share no disk; the last lines give its pages/s as a share of local state's.
+
     .venv-bench/bin/python benchmarks/crawl_partitions.py [--hosts 8] [--pages 1000] [--runs 3] [--ks 1,2] [--apart 2]
+        [--store-latency 0.02] [--commit-every 1000]
 """
 
 from __future__ import annotations
@@ -35,10 +41,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from crawl_speed import ROOT, render_site  # noqa: E402
+from loader_remote import BUCKET, _control, s3_options, start_store  # noqa: E402
 from process_tree import TreeMemory  # noqa: E402
 
 CRAWL = """
@@ -47,9 +55,10 @@ import pyarrow.parquet as pq
 from gristmill.crawlers import crawl
 from gristmill.pipeline.format import Corpus
 if __name__ == "__main__":
-    seeds, out, partitions, extract, concurrency = json.loads(sys.argv[1])
+    seeds, out, partitions, extract, concurrency, state, commit_every = json.loads(sys.argv[1])
     summary = crawl(seeds, out, allow_networks=["127.0.0.0/8"], concurrency=concurrency, per_host_concurrency=4,
-                    min_delay=0.0, adaptive=False, extract=extract, partitions=partitions, progress_interval=3600)
+                    min_delay=0.0, adaptive=False, extract=extract, partitions=partitions, progress_interval=3600,
+                    state_dir=state, commit_every=commit_every)
     pages, first, last = {}, {}, {}  # per partition (shard names start crawl-pN; one partition: crawl-)
     for shard in Corpus.open(out).manifest.shards:
         part = shard.path.split("-")[1] if partitions > 1 else "p0"
@@ -97,9 +106,11 @@ def serve(pages: int, hosts: int, ports_out: multiprocessing.connection.Connecti
     asyncio.run(main())
 
 
-def crawl_once(groups: list[list[str]], partitions: int, extract: bool, concurrency: int) -> dict[str, float]:
-    """One crawl per group of seeds, all at once, each in a fresh interpreter with its own output; their
-    pages, elapsed seconds and CPU seconds (all their processes) together."""
+def crawl_once(groups: list[list[str]], partitions: int, extract: bool, concurrency: int, state: str | None = None,
+               commit_every: int = 1000) -> dict[str, float]:
+    """One crawl per group of seeds, all at once, each in a fresh interpreter with its own output (and
+    its state under ``state`` when given: a store URL); their pages, elapsed seconds and CPU seconds
+    (all their processes) together."""
     runs = []
     with tempfile.TemporaryDirectory() as out, tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as code:
         code.write(CRAWL)
@@ -107,7 +118,9 @@ def crawl_once(groups: list[list[str]], partitions: int, extract: bool, concurre
         try:
             started, started_at = time.perf_counter(), time.time()
             for number, seeds in enumerate(groups):
-                arguments = json.dumps([seeds, f"{out}/{number}", partitions, extract, concurrency // len(groups)])
+                where = None if state is None else f"{state}/{uuid.uuid4().hex}"
+                arguments = json.dumps([seeds, f"{out}/{number}", partitions, extract, concurrency // len(groups),
+                                        where, commit_every])
                 process = subprocess.Popen([sys.executable, code.name, arguments], cwd=ROOT, stdout=subprocess.PIPE,
                                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
                 runs.append((process, TreeMemory(process.pid)))
@@ -146,6 +159,10 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=64, help="connections in all (default: %(default)s)")
     parser.add_argument("--extraction", choices=("off", "on", "both"), default="off",
                         help="(default: %(default)s)")
+    parser.add_argument("--store-latency", type=float, default=None, metavar="SECONDS",
+                        help="also crawl each K with its state on S3 (moto behind benchmarks/shaped_store.py with this "
+                             "latency, e.g. 0.02): frontiers checkpointed there at every commit (default: not)")
+    parser.add_argument("--commit-every", type=int, default=1000, help="pages per commit (default: %(default)s)")
     parser.add_argument("--apart", type=int, default=2,
                         help="also N one-partition crawls of 1/N of the hosts each, at once (0: not; default: "
                              "%(default)s)")
@@ -155,10 +172,19 @@ def main() -> int:
     server = multiprocessing.Process(target=serve, args=(args.pages, args.hosts, send), daemon=True)
     server.start()
     seeds = [f"http://127.0.0.1:{port}/p0.html" for port in receive.recv()]
-    # (label, seed groups crawled at once, partitions of each)
-    setups = [(str(k), [seeds], k) for k in ks]
+    # (label, seed groups crawled at once, partitions of each, state URL or None)
+    setups = [(str(k), [seeds], k, None) for k in ks]
+    store = []
+    if args.store_latency is not None:
+        store = start_store()
+        import s3fs
+
+        s3fs.S3FileSystem(**s3_options()).mkdir(BUCKET)
+        _control("/__shape__", {"latency": args.store_latency})
+        setups += [(f"{k}, state on S3 ({args.store_latency * 1000:.0f} ms)", [seeds], k, f"s3://{BUCKET}/state")
+                   for k in ks]
     if args.apart > 1:
-        setups.append((f"{args.apart} x 1 apart", [seeds[i::args.apart] for i in range(args.apart)], 1))
+        setups.append((f"{args.apart} x 1 apart", [seeds[i::args.apart] for i in range(args.apart)], 1, None))
     cores = len(os.sched_getaffinity(0))
     print(f"site: {args.pages} pages x {args.hosts} hosts on 127.0.0.1; total concurrency {args.concurrency}; "
           f"{args.runs} runs each, alternating; {cores} cores; load average before {os.getloadavg()[0]:.1f}\n")
@@ -168,15 +194,15 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     try:
         for extract in {"off": (False,), "on": (True,), "both": (False, True)}[args.extraction]:
-            runs: dict[str, list[dict[str, float]]] = {label: [] for label, _groups, _k in setups}
+            runs: dict[str, list[dict[str, float]]] = {label: [] for label, _groups, _k, _state in setups}
             for _ in range(args.runs):
-                for label, groups, k in setups:
+                for label, groups, k, state in setups:
                     server_before = cpu_seconds(server.pid)
-                    result = crawl_once(groups, k, extract, args.concurrency)
+                    result = crawl_once(groups, k, extract, args.concurrency, state, args.commit_every)
                     result["server_cpu"] = cpu_seconds(server.pid) - server_before
                     runs[label].append(result)
             base = statistics.median(r["pages"] / r["wall"] for r in runs[setups[0][0]])
-            for label, _groups, _k in setups:
+            for label, _groups, _k, _state in setups:
                 rate = statistics.median(r["pages"] / r["wall"] for r in runs[label])
                 crawl_cpu = statistics.median(r["cpu"] / r["pages"] for r in runs[label])
                 server_cpu = statistics.median(r["server_cpu"] / r["pages"] for r in runs[label])
@@ -190,8 +216,15 @@ def main() -> int:
                       f"{crawl_cpu * 1000:.2f} ms | {server_cpu * 1000:.2f} ms | {ceiling:.0f} ({ceiling / base:.2f}x) | "
                       f"{share:.0%} | {alone:.0%} of the wall time | {startup:.1f} s | "
                       f"{base / share:.0f} ({1 / share:.2f}x) | {pages} |", flush=True)
+            for k in ks if store else ():
+                local = statistics.median(r["pages"] / r["wall"] for r in runs[str(k)])
+                remote = statistics.median(r["pages"] / r["wall"] for label, runs_k in runs.items()
+                                           if label.startswith(f"{k}, state on S3") for r in runs_k)
+                print(f"K = {k}: state on S3 / local state = {remote / local:.1%} of the pages/s", flush=True)
     finally:
         server.terminate()
+        for process in store:
+            process.terminate()
     print(f"\nload average after {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from .extract import detect_language, extract_text
 
 if TYPE_CHECKING:
-    from .crawler import CrawlConfig, Crawler, CrawlSummary
+    from .config import CrawlConfig, CrawlSummary
+    from .crawler import Crawler
 
 __all__ = ["CrawlConfig", "CrawlSummary", "Crawler", "crawl", "detect_language", "extract_text"]
 
@@ -26,7 +27,7 @@ def __getattr__(name: str) -> Any:
 
 
 def crawl(seeds: list[str], output: str, **options: Any) -> CrawlSummary:
-    """Crawl ``seeds`` into ``output``; see :func:`gristmill.crawlers.crawler.crawl`."""
-    from .crawler import crawl as _crawl
+    """Crawl ``seeds`` into ``output``; see :func:`gristmill.crawlers.run.crawl`."""
+    from .run import crawl as _crawl
 
     return _crawl(seeds, output, **options)

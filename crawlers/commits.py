@@ -1,7 +1,8 @@
 """Committing: page rows move from the frontier into raw corpus shards, and the manifest lists them.
 
 Why this order: result rows wait in the frontier; a commit writes them to a new uniquely named
-shard (and WARC file) and records the shard in the frontier while deleting the rows. Publishing the
+shard (and WARC file) and records the shard in the frontier while deleting the rows; with the state
+on a store the frontier is checkpointed there next (:mod:`gristmill.crawlers.state`). Publishing the
 listing of every recorded shard (the manifest, or a partition's segment of it) comes after, at most
 once per ``commit_interval`` and never sooner than the last publication took over ``PUBLISH_SHARE``:
 a listing costs O(shards) (2 s at 10 k shards, minutes at the million shards of a billion pages), so
@@ -24,14 +25,14 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from gristmill.pipeline.format import RAW_CRAWL_SCHEMA, ShardInfo, ShardWriter, open_fs, write_manifest
+from gristmill.pipeline.format import RAW_CRAWL_SCHEMA, Lease, ShardInfo, ShardWriter, open_fs, write_manifest
 
 from .frontier import Frontier, ResultLog
 from .output import RAW_CRAWL_KIND, rows_to_table, write_warc
-from .partitions import write_json
 
 SHARD_PREFIX = "crawl"
 WARC_FOLDER = "warc"
+CRAWL_JOB = "crawl"  # the lease's job: crawls of one output wait for each other's publication, others are refused
 PUBLISH_SHARE = 0.05  # at most this share of a crawl's time goes to publishing the listing of its shards
 
 
@@ -50,10 +51,12 @@ class Committer:
 
     def __init__(self, output: str, results: ResultLog, *, shard_bytes: int, row_group_bytes: int,
                  warc: bool, storage_options: Mapping[str, Any] | None = None, prefix: str = SHARD_PREFIX,
-                 segment: str | None = None) -> None:
+                 segment: Callable[[dict[str, Any]], None] | None = None,
+                 checkpoint: Callable[[], None] | None = None) -> None:
         self.output = output
         self.prefix = prefix
         self.segment = segment
+        self.checkpoint = checkpoint
         self.results = results
         self.shard_bytes = shard_bytes
         self.row_group_bytes = row_group_bytes
@@ -105,19 +108,21 @@ class Committer:
                     write_warc(handle, records)
             self.results.record_shards(infos, [rowid for rowid, _row, _blob in pending], warc_name)
             written += len(pending)
+        if self.checkpoint is not None:  # before the listing: a listed shard must be in the checkpoint
+            self.checkpoint()
         if stats is not None:
             self.publish(stats)
         return written
 
     def publish(self, stats: Mapping[str, Any]) -> None:
-        """Write the manifest listing every recorded shard (and WARC file); a partition writes its
-        segment instead, and the coordinator publishes one manifest from all of them."""
+        """Write the manifest listing every recorded shard (and WARC file); a partition hands its
+        segment to ``segment`` instead, and the coordinator publishes one manifest from all of them."""
         started = time.monotonic()
         recorded = self.results.shards()
         segment = {"shards": [info for _name, info, _warc in recorded], "stats": dict(stats),
                    "warc_files": sorted({warc for _n, _i, warc in recorded if warc})}
         if self.segment is not None:
-            write_json(self.segment, segment)
+            self.segment(segment)
         else:
             publish_segments(self.output, [segment], self.storage_options)
         self.publish_seconds = time.monotonic() - started
@@ -125,7 +130,9 @@ class Committer:
 
 def publish_segments(output: str, segments: list[Mapping[str, Any]],
                      storage_options: Mapping[str, Any] | None = None) -> None:
-    """One manifest listing the shards of every segment, with their crawl statistics added up."""
+    """One manifest listing the shards of every segment, with their crawl statistics added up, written
+    under the output folder's lease (pipeline/format/lease.py): a dedup job or ``gc`` writing the
+    folder refuses the crawl's manifest (:class:`LeaseHeld`) instead of both committing over each other."""
     shards = [ShardInfo.from_dict(info) for segment in segments for info in segment["shards"]]
     warcs = sorted({warc for segment in segments for warc in segment["warc_files"]})
     documents, outcomes, parked = 0, Counter[str](), {}
@@ -135,8 +142,13 @@ def publish_segments(output: str, segments: list[Mapping[str, Any]],
         outcomes.update(crawl["outcomes"])
         parked.update(crawl["parked_hosts"])
     stats = {"crawl": {"documents": documents, "outcomes": dict(outcomes), "parked_hosts": parked}}
-    write_manifest(output, shards, RAW_CRAWL_SCHEMA, stats=stats,
-                   extra={"kind": RAW_CRAWL_KIND, "warc_files": warcs}, storage_options=storage_options)
+    lease = Lease(output, CRAWL_JOB, storage_options)  # LeaseHeld while another job writes the folder
+    lease.acquire()
+    try:
+        write_manifest(output, shards, RAW_CRAWL_SCHEMA, stats=stats,
+                       extra={"kind": RAW_CRAWL_KIND, "warc_files": warcs}, storage_options=storage_options)
+    finally:
+        lease.release()
 
 
 def crawl_stats(frontier: Frontier) -> dict[str, Any]:

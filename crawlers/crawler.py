@@ -15,12 +15,14 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 from urllib.parse import urljoin
 
 from . import sitemaps
 from .commits import SHARD_PREFIX, CommitLoop, Committer
 from .config import CrawlConfig, CrawlSummary
+from .exchange import PartitionExchange
 from .extract import ExtractionError
 from .fetch import (
     HTML_TYPES,
@@ -30,24 +32,23 @@ from .fetch import (
     FetchError,
     FetchLimits,
     Response,
+    UnresolvableHost,
     retry_after_seconds,
 )
 from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, ResultLog
+from .hub import Hub
 from .oracle import DuplicateOracle
-from .output import check_output_folder
 from .pages import OK, PageProcessor
-from .partitioned import Coordinator, PartitionLauncher, check_partitions, state_root
-from .partitions import Exchange, ExchangeError, Link, Partition, write_json
+from .partitions import Link, Partition
 from .progress import progress_line
 from .proxies import NoProxyAvailable, ProxyPool
 from .robots import Robots, fetch_robots
 from .safety import AddressPolicy
 from .schedule import ROBOTS, Host, HostScheduler
+from .state import STATE_FILE, Checkpoint, is_remote, local_folder, state_url
 from .urls import BadURL, normalize_url, origin_of, site_of
 
 log = logging.getLogger("gristmill.crawl")
-
-STATE_FILE = "frontier.sqlite"
 
 
 class Crawler:
@@ -58,20 +59,32 @@ class Crawler:
 
     def __init__(self, seeds: list[str], output: str, config: CrawlConfig | None = None,
                  on_progress: Callable[[dict[str, Any]], None] | None = None,
-                 oracle: DuplicateOracle | None = None, partition: Partition | None = None) -> None:
+                 oracle: DuplicateOracle | None = None, partition: Partition | None = None,
+                 hub: Hub | None = None) -> None:
         self.config = config or CrawlConfig()
+        if (partition is None) != (hub is None):
+            raise ValueError("a partition needs the hub it talks through, and only a partition has one")
         self.partition = partition
+        self.hub = hub
         self.output = output
         self.seeds = list(seeds)
         self.on_progress = on_progress
-        state_dir = state_root(output, self.config.state_dir)
-        os.makedirs(state_dir, exist_ok=True)
-        self.state_path = os.path.join(state_dir, STATE_FILE)
-        self.frontier = Frontier(self.state_path, self.config.synchronous)
+        if partition is not None:
+            folder, durable = partition.folder, partition.checkpoint
+        else:
+            durable = state_url(output, self.config.state_dir)
+            folder = local_folder(durable)
+            durable = durable if is_remote(durable) else None
+        os.makedirs(folder, exist_ok=True)
+        self.state_path = os.path.join(folder, STATE_FILE)
+        self.checkpoint = Checkpoint(durable, self.config.storage_options) if durable is not None else None
+        self.frontier = Frontier(self.state_path, self.config.synchronous,
+                                 restore=self.checkpoint.restore if self.checkpoint is not None else None)
         self._wake = asyncio.Event()
         self.scheduler = HostScheduler(self.config, self.frontier, time.monotonic, self._wake.set)
         self._stopping = False
         self._inflight = 0
+        self._pages_in_flight = 0  # page requests dispatched and not yet stored or given up (max_pages)
         self._tasks: set[asyncio.Task[None]] = set()
         self._scope: set[str] = set()
         self._status = Counter[str]()
@@ -81,9 +94,6 @@ class Crawler:
         self._fetched = 0
         self._documents = 0
         self.pages = PageProcessor(self.config, oracle, self._error)
-        self._epoch = 0  # bumped whenever this partition gets work: the coordinator's proof of quiet
-        self._reported_idle: bool | None = None
-        self._reported_at = 0.0
 
     # -- public ------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -107,12 +117,14 @@ class Crawler:
                               row_group_bytes=cfg.row_group_bytes, warc=cfg.warc,
                               storage_options=cfg.storage_options,
                               prefix=part.shard_prefix if part else SHARD_PREFIX,
-                              segment=part.segment if part else None)
-        self.exchange = Exchange(part.root, part.index, part.count) if part else None
+                              segment=partial(self.hub.publish, part.index) if self.hub and part else None,
+                              checkpoint=self._checkpoint if self.checkpoint is not None else None)
+        self.exchange = None if self.hub is None or part is None else PartitionExchange(
+            self.hub, part, self.frontier, self._admit_link, self._error, deferred=self.checkpoint is not None)
         self.commits = CommitLoop(committer, self.frontier, cfg, self._error,
-                                  self._exchange if part is not None else None)
-        if part is not None:
-            self._report(idle=False)
+                                  self.exchange.swap if self.exchange is not None else None)
+        if self.exchange is not None:
+            self.exchange.join()
         for orphan in committer.remove_orphans():
             log.info("removed %s: written by an interrupted commit, never listed by a manifest", orphan)
         if cfg.retry_parked:
@@ -150,6 +162,9 @@ class Crawler:
                 summary = self._summary(time.monotonic() - started)
                 self.frontier.close()
                 self.results.close()
+                if self.checkpoint is not None:
+                    self.checkpoint.close()
+                    self.checkpoint.discard(self.state_path)  # a restart starts from the store's copy anyway
         return summary
 
     def enqueue(self, urls: Iterable[str], depth: int = 0) -> int:
@@ -226,6 +241,15 @@ class Crawler:
         limit = self.config.max_pages
         return limit is not None and self._documents >= limit
 
+    def _limit_taken(self) -> bool:
+        """The pages stored and the pages in flight (fetching, waiting for extraction) fill ``max_pages``.
+
+        Why count the pages in flight: a cap checked on stored pages alone let every page already
+        dispatched land, and ``--max-pages 150`` stored 362 (issue 28). A page in flight that ends
+        without a document frees its place for another."""
+        limit = self.config.max_pages
+        return limit is not None and self._documents + self._pages_in_flight >= limit
+
     async def _dispatch(self) -> None:
         while True:
             await self._slots.acquire()
@@ -237,7 +261,9 @@ class Crawler:
             self.pages.start()  # not before: a re-run of a finished crawl starts no extraction worker
             self._inflight += 1
             self._requests += 1
-            task = asyncio.create_task(self._work(host, request))
+            page = isinstance(request, Request) and request.kind == KIND_PAGE
+            self._pages_in_flight += page
+            task = asyncio.create_task(self._work(host, request, page))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -245,6 +271,10 @@ class Crawler:
         while True:
             if self._stopping or self._limit_reached():
                 return None
+            if self._limit_taken():  # wait for the pages in flight: they may leave room
+                self._wake.clear()
+                await self._wake.wait()
+                continue
             item = self.scheduler.due()
             if item is not None:
                 return item
@@ -284,7 +314,7 @@ class Crawler:
         self.scheduler.retry_later(host, request, wait)
 
     # -- work --------------------------------------------------------------------------------
-    async def _work(self, host: Host, request: Any) -> None:
+    async def _work(self, host: Host, request: Any, page: bool = False) -> None:
         released = False
 
         def release() -> None:
@@ -313,6 +343,7 @@ class Crawler:
         finally:
             if request is ROBOTS:
                 host.robots_pending = False
+            self._pages_in_flight -= page
             release()
             self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
             self._wake.set()
@@ -334,6 +365,9 @@ class Crawler:
         self.scheduler.on_response(host, max(latencies, default=0.0), robots.unavailable is None)
         if robots.blocked is not None:
             self._park(host, "address not allowed", f"blocked: {robots.blocked}")
+            return
+        if robots.unresolved is not None:
+            self._park(host, "name does not resolve", f"dns: {robots.unresolved}")
             return
         if robots.unavailable is not None:
             host.robots_failures += 1
@@ -370,6 +404,10 @@ class Crawler:
             response = await self.fetcher.fetch(request.url, accept, proxy)
         except BlockedError as exc:
             self._finish(request, f"blocked: {exc}")
+            return
+        except UnresolvableHost as exc:
+            self._finish(request, f"dns: {exc}")
+            self._park(host, "name does not resolve", f"dns: {exc}")
             return
         except FetchError as exc:
             if exc.retryable:
@@ -466,63 +504,40 @@ class Crawler:
             self.commits.stored()
 
     # -- partitions --------------------------------------------------------------------------------
-    def _exchange(self) -> bool:
-        """Hand links to the partitions owning their hosts, and admit those handed to this one.
-
-        Returns whether any arrived. A received file is deleted only after its links are admitted and
-        this partition has reported itself busy, so the coordinator never sees it gone while we look idle.
-        """
-        assert self.exchange is not None
-        while rows := self.frontier.outbox():
-            by_destination: dict[int, list[Link]] = {}
-            for _id, destination, *link in rows:
-                by_destination.setdefault(destination, []).append(Link(*link))
-            for destination, links in by_destination.items():
-                self.exchange.post(destination, links, rows[-1][0])
-            self.frontier.handed_over(rows[-1][0])
-        files = self.exchange.received()
-        if not files:
-            return False
-        with self.frontier.transaction():
-            for path in files:
-                for link in Exchange.read(path):
-                    if isinstance(link, ExchangeError):
-                        self._error(str(link))
-                        continue
-                    try:
-                        url = normalize_url(link.url)
-                    except BadURL as exc:
-                        self._error(f"{path}: {exc}")
-                        continue
-                    if not link.scoped and link.depth == 0:
-                        self._scope.add(site_of(url))  # a seed's redirect target: its site joins the scope
-                    self._admit(url, link.depth, link.kind, link.via, link.hops, link.scoped)
-        self._report(idle=False)
-        for path in files:
-            os.remove(path)
-        return True
-
-    def _report(self, idle: bool) -> None:
-        """Tell the coordinator whether this partition is idle; every busy report is a new epoch, and an
-        idle one is renewed every half second (a heartbeat: a dead partition's status goes stale)."""
-        assert self.partition is not None
-        now = time.time()
-        if idle and self._reported_idle and now - self._reported_at < 0.5:
+    def _admit_link(self, link: Link) -> None:
+        """A link another partition found for a host of this one (inside the exchange's transaction)."""
+        try:
+            url = normalize_url(link.url)
+        except BadURL as exc:
+            self._error(f"link from partition exchange: {exc}")
             return
-        self._epoch += not idle
-        self._reported_idle, self._reported_at = idle, now
-        write_json(self.partition.status, {"idle": idle, "epoch": f"{os.getpid()}:{self._epoch}", "at": now})
+        if not link.scoped and link.depth == 0:
+            self._scope.add(site_of(url))  # a seed's redirect target: its site joins the scope
+        self._admit(url, link.depth, link.kind, link.via, link.hops, link.scoped)
+
+    def _checkpoint(self) -> None:
+        """Save the frontier to the store (in the commit's thread), then acknowledge the links it holds."""
+        assert self.checkpoint is not None
+        taken = self.exchange.checkpointing() if self.exchange is not None else []
+        try:
+            self.checkpoint.save(self.state_path)
+        except BaseException:
+            if self.exchange is not None:
+                self.exchange.not_checkpointed(taken)
+            raise
+        if self.exchange is not None:
+            self.exchange.checkpointed(taken)
 
     async def _idle(self) -> bool:
         """Nothing queued: pass links on, and wait for links from the other partitions until
         the coordinator says every partition is idle and no link is on its way (False: stop)."""
-        assert self.partition is not None
+        assert self.exchange is not None
         while not self._stopping and not self._limit_reached():
-            self._exchange()
+            self.exchange.swap()
             if self.scheduler.next_due is not None or self._tasks:
                 return True
-            self._report(idle=True)
-            if os.path.exists(self.partition.done):
+            self.exchange.report(idle=True)
+            if self.exchange.stopped():
                 return False
             self._wake.clear()
             try:
@@ -590,38 +605,6 @@ class Crawler:
             hosts={h.origin: {"requests": h.requests, "failures": h.failures, "delay_s": round(self.scheduler.delay(h), 3),
                               "parked": h.parked} for h in self.scheduler.hosts.values()},
             proxies=self.proxies.health(), errors=list(self._errors), dedup_service=dict(self.pages.dedup_counts))
-
-
-def crawl(seeds: list[str], output: str, config: CrawlConfig | None = None, *,
-          on_progress: Callable[[dict[str, Any]], None] | None = None, oracle: DuplicateOracle | None = None,
-          launcher: PartitionLauncher | None = None, **options: Any) -> CrawlSummary:
-    """Crawl ``seeds`` (page or sitemap URLs) into the corpus folder ``output``; re-running resumes.
-
-    Options are :class:`CrawlConfig` fields, e.g. ``crawl(seeds, "out", allow_networks=["127.0.0.0/8"])``.
-    With an ``oracle`` (:mod:`gristmill.crawlers.oracle`), pages whose text it already holds are not stored.
-    SIGINT and SIGTERM stop the crawl gracefully (in-flight pages finish, results are committed; a
-    second signal cancels the pages in flight). After SIGTERM the summary is returned; after SIGINT
-    (Ctrl-C) :class:`KeyboardInterrupt` is raised once everything is committed, as Python code
-    expects of Ctrl-C, and the crawl resumes when run again.
-    With ``partitions=K`` (K > 1) the crawl runs as K partitions (:mod:`gristmill.crawlers.partitioned`), local
-    processes unless a ``launcher`` runs them elsewhere (``gristmill crawl --ray-address``: Ray
-    actors); ``on_progress`` then gets the partitions' reports added up.
-    """
-    cfg = config or CrawlConfig(**options)
-    check_output_folder(output, cfg.storage_options)  # before any state is made
-    check_partitions(state_root(output, cfg.state_dir), cfg.partitions)
-    if cfg.partitions > 1:
-        merged, received = Coordinator(seeds, output, cfg, oracle, launcher, on_progress).run()
-        summary = CrawlSummary(**merged)
-    else:
-        summary, received = run_until_signalled(Crawler(seeds, output, cfg, on_progress, oracle))
-    if signal.SIGINT in received:
-        log.warning("interrupted: %d documents stored in %s so far, %d URLs still queued; everything "
-                    "finished is committed", summary.documents, output, summary.queued)
-        raise KeyboardInterrupt
-    if received:
-        summary.stopped_by = received[0].name
-    return summary
 
 
 def run_until_signalled(crawler: Crawler) -> tuple[CrawlSummary, list[signal.Signals]]:

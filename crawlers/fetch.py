@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import socket
 import time
 import zlib
 from collections.abc import Mapping
@@ -51,6 +52,33 @@ class BlockedError(FetchError):
     """The address is not allowed by the :class:`AddressPolicy`."""
 
     kind = "blocked"
+
+
+class UnresolvableHost(FetchError):
+    """DNS has no address for the host: a wrong name, or one only ``--resolve`` knows.
+
+    Why not retried: a retried unresolvable seed host kept a crawl waiting three minutes before it
+    said anything; its host is parked at once instead (``--retry-parked`` tries it again).
+    """
+
+    kind = "dns"
+
+
+def unresolved_cause(exc: BaseException) -> socket.gaierror | None:
+    """The resolver's failure behind an aiohttp connection error, if that is what it was."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, socket.gaierror):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__ or getattr(current, "os_error", None)
+    return None
+
+
+def unresolvable(url: str, host: str, cause: BaseException) -> UnresolvableHost:
+    return UnresolvableHost(f"{url}: cannot resolve {host} ({cause}); check the name, or give its address with "
+                            f"--resolve {host}=IP")
 
 
 @dataclass
@@ -174,6 +202,8 @@ class Fetcher:
             blocked = blocked_cause(exc)
             if blocked is not None:
                 raise BlockedError(f"{url}: {blocked}") from None
+            if isinstance(exc, socket.gaierror):
+                raise unresolvable(url, host, exc) from None
             raise TransientError(f"{url}: cannot resolve {host} ({exc})") from None
 
     async def fetch(self, url: str, accept: tuple[str, ...] = HTML_TYPES, proxy: str | None = None,
@@ -210,6 +240,9 @@ class Fetcher:
             blocked = blocked_cause(exc)
             if blocked is not None:
                 raise BlockedError(f"{url}: {blocked}") from None
+            unresolved = unresolved_cause(exc)
+            if unresolved is not None:
+                raise unresolvable(url, urlsplit(url).hostname or "", unresolved) from None
             raise TransientError(f"{url}: {type(exc).__name__}: {exc}") from None
 
     async def _read(self, resp: aiohttp.ClientResponse, url: str, accept: tuple[str, ...],

@@ -18,7 +18,7 @@ import json
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -108,9 +108,15 @@ class Frontier(_Store):
     """
 
     def __init__(self, path: str, synchronous: str = "NORMAL", cache_mib: int = 16,
-                 lock_wait_s: float = LOCK_WAIT_S) -> None:
+                 lock_wait_s: float = LOCK_WAIT_S, restore: Callable[[str], object] | None = None) -> None:
         self.path = path
         self._owner = hold(path + ".lock", lock_wait_s)  # released with the object, should opening fail
+        if restore is not None:  # the file is replaced under the lock, before anyone opens it
+            try:
+                restore(path)
+            except BaseException:
+                self._owner.close()
+                raise
         super().__init__(path, synchronous)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA cache_size=-{int(cache_mib) * 1024}")
@@ -298,7 +304,7 @@ class Frontier(_Store):
         return [(*row[:7], bool(row[7])) for row in rows]
 
     def handed_over(self, last_id: int) -> None:
-        """Forget the links up to ``last_id``: their files are written."""
+        """Forget the links up to ``last_id``: the hub has them."""
         with self.transaction():
             self.db.execute("DELETE FROM outbox WHERE id <= ?", (last_id,))
 

@@ -4,8 +4,9 @@ Why processes: one event loop tops out at one core (parsing links, bookkeeping),
 needs a second crawler; giving each its own hosts keeps politeness and robots.txt per host exact
 with no coordination between them. The coordinator here only starts them, restarts one that dies
 (it resumes from its own frontier), publishes one manifest from their segments, and decides when
-the crawl is over: every live partition idle, twice in a row with the same epochs, and no file of
-links waiting for any of them.
+the crawl is over: every live partition idle, twice in a row with the same epochs, and no links
+waiting for any of them. All of it goes through a hub (:mod:`gristmill.crawlers.hub`): files in the
+state folder for local processes, one actor for Ray partitions on nodes that share no disk.
 
 Why partitions die with their coordinator: the coordinator alone publishes the manifest and restarts
 partitions; after ``kill -9`` of it, partitions that ran on went on storing pages that a rerun's new
@@ -27,17 +28,21 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
+from gristmill.pipeline.format import open_fs
+
 from .commits import publish_due, publish_segments
+from .hub import FolderHub, Hub
 from .locks import hold
 from .oracle import DuplicateOracle
-from .partitions import LAYOUT_FILE, Partition, deal, read_json, read_layout, waiting_files, write_json
+from .partitions import Partition, deal, read_layout, write_layout
 from .progress import is_report, merged_report
+from .state import STATE_FILE, local_folder, state_url
 
 log = logging.getLogger("gristmill.crawl")
 POLL_S = 0.1
@@ -47,14 +52,14 @@ ORPHAN_GRACE_S = 5.0  # an orphaned partition stops gracefully within this, or e
 COORDINATOR_LOCK = "coordinator.lock"
 
 
-def run_partition(seeds: list[str], output: str, config: Any, partition: Partition,
+def run_partition(seeds: list[str], output: str, config: Any, partition: Partition, hub: Hub,
                   oracle: DuplicateOracle | None, level: int) -> dict[str, Any]:
     """One partition: crawl its hosts (resuming its frontier) until told to stop; its summary."""
     from .crawler import Crawler, run_until_signalled
 
     logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s p{partition.index} %(message)s", force=True)
-    summary, received = run_until_signalled(Crawler(seeds, output, config, partial(write_json, partition.progress),
-                                                    oracle, partition))
+    summary, received = run_until_signalled(Crawler(seeds, output, config, partial(hub.progress, partition.index),
+                                                    oracle, partition, hub))
     if received:
         summary.stopped_by = received[0].name
     return summary.to_dict()
@@ -63,10 +68,13 @@ def run_partition(seeds: list[str], output: str, config: Any, partition: Partiti
 class PartitionLauncher(Protocol):
     """Where partitions run: :class:`ProcessLauncher` here; the top floor plugs in Ray actors.
 
-    ``start`` runs ``run`` (a picklable call returning the partition's summary) as partition
-    ``index``; ``poll`` returns, since its last call, the summaries of partitions that finished and
+    ``open`` prepares ``count`` partitions and returns the :class:`~crawlers.hub.Hub` they and the
+    coordinator talk through (``root``: the crawl's local state folder on this machine); ``start``
+    runs ``run`` (a picklable call returning the partition's summary) as partition ``index``; ``poll`` returns, since its last call, the summaries of partitions that finished and
     why others died; ``signal`` passes SIGINT/SIGTERM on; ``close`` ends whatever still runs.
     """
+
+    def open(self, count: int, root: str) -> Hub: ...
 
     def start(self, index: int, run: Callable[[], dict[str, Any]]) -> None: ...
 
@@ -122,6 +130,10 @@ class ProcessLauncher:
         # writing end, is gone (see the module doc)
         self.lifeline = multiprocessing.Pipe(duplex=False)
 
+    def open(self, count: int, root: str) -> Hub:
+        """Partitions on this machine talk through files in its state folder."""
+        return FolderHub(root, count)
+
     def start(self, index: int, run: Callable[[], dict[str, Any]]) -> None:
         context = multiprocessing.get_context("fork" if threading.active_count() == 1 else "forkserver")
         forked = context.get_start_method() == "fork"
@@ -169,39 +181,42 @@ class ProcessLauncher:
             end.close()
 
 
-def state_root(output: str, state_dir: str | None) -> str:
-    """The crawl's state folder: ``state_dir``, else ``OUTPUT/.crawl`` for a local output."""
-    if state_dir is not None:
-        return state_dir
-    if "://" in output and not output.startswith("file://"):
-        raise ValueError(f"{output}: a remote output needs state_dir (a local folder for the frontier)")
-    return os.path.join(output.removeprefix("file://"), ".crawl")
-
-
-def check_partitions(root: str, count: int) -> None:
+def check_partitions(state: str, count: int, storage_options: Mapping[str, Any] | None = None) -> None:
     """Refuse (ValueError) to resume with another number of partitions: hosts would change owners."""
-    layout = read_layout(root)
+    layout = read_layout(state, storage_options)
     if layout is None:
-        if count > 1 and os.path.exists(os.path.join(root, "frontier.sqlite")):
-            raise ValueError(f"{root} holds a crawl with 1 partition, not {count}; resume it without --partitions")
+        if count > 1 and _exists(state.rstrip("/") + "/" + STATE_FILE, storage_options):
+            raise ValueError(f"{state} holds a crawl with 1 partition, not {count}; resume it without --partitions")
         return
     found = layout["partitions"]
     if found != count:
-        raise ValueError(f"{root} holds a crawl with {found} partitions, not {count}; resume it with the same "
+        raise ValueError(f"{state} holds a crawl with {found} partitions, not {count}; resume it with the same "
                          "--partitions")
 
 
+def _exists(url: str, storage_options: Mapping[str, Any] | None) -> bool:
+    fs, path = open_fs(url, storage_options)
+    return bool(fs.exists(path))
+
+
 def partition_config(config: Any, partition: Partition) -> Any:
-    """A partition's share of the crawl's limits: connections, extraction workers and pages split K ways."""
+    """A partition's share of the crawl's limits: connections, extraction workers and pages split K ways
+    (pages exactly, so that ``max_pages`` caps the whole crawl; one at least, when it is below K)."""
     count = partition.count
-    return replace(config, partitions=1, state_dir=partition.folder,
+    return replace(config, partitions=1, state_dir=None,
                    concurrency=max(1, config.concurrency // count),
                    extract_workers=max(1, config.extract_workers // count),
-                   max_pages=None if config.max_pages is None else math.ceil(config.max_pages / count))
+                   max_pages=None if config.max_pages is None else max(1, share(config.max_pages, count,
+                                                                                  partition.index)))
+
+
+def share(total: int, count: int, index: int) -> int:
+    """Partition ``index``'s part of ``total`` split ``count`` ways: the parts add up to ``total``."""
+    return total // count + (index < total % count)
 
 
 class Coordinator:
-    """Runs the partition processes of one crawl and publishes its manifest."""
+    """Runs the partitions of one crawl and publishes its manifest."""
 
     def __init__(self, seeds: list[str], output: str, config: Any, oracle: DuplicateOracle | None,
                  launcher: PartitionLauncher | None = None,
@@ -209,29 +224,29 @@ class Coordinator:
         self.seeds, self.output, self.config, self.oracle = seeds, output, config, oracle
         self.on_progress = on_progress
         self.launcher = launcher or ProcessLauncher()
-        self.root = state_root(output, config.state_dir)
-        check_partitions(self.root, config.partitions)
+        self.state = state_url(output, config.state_dir)
+        options = config.storage_options
+        check_partitions(self.state, config.partitions, options)
+        self.root = local_folder(self.state)
         os.makedirs(self.root, exist_ok=True)
-        self._owner = hold(os.path.join(self.root, COORDINATOR_LOCK))  # StateInUse while another run lives
-        layout = read_layout(self.root)
+        self._owner = hold(os.path.join(self.root, COORDINATOR_LOCK))  # StateInUse while another run lives here
+        layout = read_layout(self.state, options)
         dealt = deal(seeds, config.partitions, layout["dealt"] if layout is not None else None)
-        write_json(os.path.join(self.root, LAYOUT_FILE), {"partitions": config.partitions, "dealt": dealt})
-        self.parts = [Partition(i, config.partitions, self.root, dealt) for i in range(config.partitions)]
+        write_layout(self.state, {"partitions": config.partitions, "dealt": dealt}, options)
+        self.parts = [Partition(i, config.partitions, self.state, dealt) for i in range(config.partitions)]
+        self.hub = self.launcher.open(config.partitions, self.root)
         self.summaries: dict[int, dict[str, Any]] = {}
         self.restarts = Counter[int]()
         self.errors: list[str] = []
         self.received: list[signal.Signals] = []
-        self._segments_seen: dict[int, float] = {}
+        self._segments_seen = self.hub.segments()[0]  # what a previous run published stays until changed
         self._published_at = -math.inf
         self._publish_seconds = 0.0
 
     def _start(self, part: Partition) -> None:
-        os.makedirs(part.folder, exist_ok=True)
-        for stale in (part.status,):
-            if os.path.exists(stale):
-                os.remove(stale)  # a status left by a dead process must not count as idle
+        self.hub.join(part.index)
         self.launcher.start(part.index, partial(run_partition, self.seeds, self.output,
-                                                partition_config(self.config, part), part, self.oracle,
+                                                partition_config(self.config, part), part, self.hub, self.oracle,
                                                 logging.getLogger().getEffectiveLevel()))
 
     def _on_signal(self, number: int, _frame: Any) -> None:
@@ -241,9 +256,7 @@ class Coordinator:
     def run(self) -> tuple[dict[str, Any], list[signal.Signals]]:
         """Crawl until every partition is done (or a signal stops them); returns the merged summary."""
         started = time.monotonic()
-        for stale in [self.parts[0].done] + [part.progress for part in self.parts]:  # a previous run's
-            if os.path.exists(stale):
-                os.remove(stale)
+        self.hub.begin()  # a previous run's stop signal and progress reports
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             for part in self.parts:
@@ -259,7 +272,7 @@ class Coordinator:
                     self._progress(time.monotonic() - started)
                 quiet = self._quiet()
                 if quiet is not None and quiet == quiet_before:
-                    write_json(self.parts[0].done, {"epochs": quiet})
+                    self.hub.finish()
                 quiet_before = quiet
         finally:
             for sig, handler in previous.items():
@@ -287,7 +300,7 @@ class Coordinator:
 
     def _progress(self, elapsed: float) -> None:
         """The partitions' latest progress reports as one, to ``on_progress`` or else logged as a line."""
-        reports = [report for part in self.parts if is_report(report := read_json(part.progress))]
+        reports = [report for report in self.hub.reports() if is_report(report)]
         if not reports:
             return
         report = merged_report(reports, self.config.max_pages, elapsed)
@@ -298,38 +311,31 @@ class Coordinator:
 
     def _quiet(self) -> tuple[str, ...] | None:
         """The live partitions' epochs when all are idle and no links wait for them, else None."""
-        running = self.launcher.running()
+        running = sorted(self.launcher.running())
         if not running:
             return None
+        statuses = self.hub.statuses(running)
         epochs = []
-        for index in sorted(running):
-            status = read_json(self.parts[index].status)
+        for index in running:
+            status = statuses.get(index)
             if not isinstance(status, dict) or status.get("idle") is not True \
                     or not time.time() - HEARTBEAT_S < status.get("at", 0) <= time.time() + HEARTBEAT_S:
                 return None  # busy, or silent (dead, restarting): not quiet
             epochs.append(str(status.get("epoch")))
-        if waiting_files(self.root, running):
+        if self.hub.waiting(running):
             return None
         return tuple(epochs)
-
-    def _segments(self) -> list[dict[str, Any]]:
-        segments = []
-        for part in self.parts:
-            segment = read_json(part.segment)
-            if segment is not None:
-                segments.append(segment)
-        return segments
 
     def _publish(self, force: bool = False) -> None:
         """Publish the manifest when a partition committed since the last time and :func:`publish_due`
         (the manifest lists every shard, so publishing costs O(shards)), and at the end (``force``)."""
         if not force and not publish_due(self._published_at, self._publish_seconds, self.config.commit_interval):
             return
-        stamps = {p.index: os.path.getmtime(p.segment) for p in self.parts if os.path.exists(p.segment)}
-        if stamps != self._segments_seen or force:
+        stamp, segments = self.hub.segments()
+        if stamp != self._segments_seen or force:
             started = time.monotonic()
-            publish_segments(self.output, self._segments(), self.config.storage_options)
-            self._segments_seen = stamps
+            publish_segments(self.output, segments, self.config.storage_options)
+            self._segments_seen = stamp
             self._published_at, self._publish_seconds = started, time.monotonic() - started
 
     def _summary(self, elapsed: float) -> dict[str, Any]:

@@ -27,11 +27,12 @@ from typing import Any
 
 import xxhash
 
+from gristmill.pipeline.format import open_fs
+
+from .state import is_remote, local_folder
 from .urls import BadURL, host_of, normalize_url, origin_of
 
 EXCHANGE = "exchange"
-STATUS_FILE = "status.json"
-DONE_FILE = "done"
 LAYOUT_FILE = "partitions.json"
 
 
@@ -167,19 +168,22 @@ class Exchange:
 
 
 
-def waiting_files(root: str, destinations: Iterable[int]) -> int:
-    """Files of links still waiting in the inboxes of ``destinations``."""
-    return sum(1 for destination in destinations
-               for name in os.listdir(os.path.join(root, EXCHANGE, f"to-{destination}")) if name.endswith(".jsonl"))
+def _layout_path(root: str) -> str:
+    return root.rstrip("/") + "/" + LAYOUT_FILE if "://" in root else os.path.join(root, LAYOUT_FILE)
 
 
-def read_layout(root: str) -> dict[str, Any] | None:
-    """The partition layout of a crawl's state folder (``{"partitions": K, "dealt": {key: owner}}``),
+def read_layout(root: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The partition layout of a crawl's state folder or URL (``{"partitions": K, "dealt": {key: owner}}``),
     None when it has none; ValueError naming the file when it is not one a crawl wrote."""
-    path = os.path.join(root, LAYOUT_FILE)
-    if not os.path.exists(path):
+    path = _layout_path(root)
+    fs, where = open_fs(path, storage_options)
+    try:
+        with fs.open(where, "rb") as handle:
+            layout = json.loads(handle.read())
+    except FileNotFoundError:
         return None
-    layout = read_json(path)
+    except (OSError, ValueError):
+        layout = None
     count = layout.get("partitions") if isinstance(layout, dict) else None
     dealt = layout.get("dealt", {}) if isinstance(layout, dict) else None
     if type(count) is not int or count < 1 or not isinstance(dealt, dict) or not all(
@@ -187,6 +191,15 @@ def read_layout(root: str) -> dict[str, Any] | None:
         raise ValueError(f"{path}: not a partition layout (expected partitions and dealt owners); it belongs to "
                          "the crawl's state, so resume with the state a crawl wrote or start a new output")
     return {"partitions": count, "dealt": dealt}
+
+
+def write_layout(root: str, layout: dict[str, Any], storage_options: Mapping[str, Any] | None = None) -> None:
+    """Record the partition layout in the crawl's state folder or URL (one whole write)."""
+    if "://" not in root:
+        write_json(_layout_path(root), layout)
+        return
+    fs, where = open_fs(_layout_path(root), storage_options)
+    fs.pipe_file(where, json.dumps(layout).encode())
 
 
 def write_json(path: str, value: object) -> None:
@@ -208,12 +221,12 @@ def read_json(path: str) -> object | None:
 
 @dataclass(frozen=True)
 class Partition:
-    """Which partition a crawler is (``index`` of ``count``), the state folder all partitions share,
-    and the seeds' keys dealt to partitions (:func:`deal`)."""
+    """Which partition a crawler is (``index`` of ``count``), the crawl's state (a local folder every
+    partition sees, or a URL on a store), and the seeds' keys dealt to partitions (:func:`deal`)."""
 
     index: int
     count: int
-    root: str
+    state: str
     dealt: Mapping[str, int] = field(default_factory=dict)
 
     def owner(self, url: str) -> int:
@@ -222,26 +235,14 @@ class Partition:
 
     @property
     def folder(self) -> str:
-        return os.path.join(self.root, f"p{self.index}")
+        """The folder of this partition's frontier on the node it runs on (evaluated there)."""
+        return os.path.join(local_folder(self.state), f"p{self.index}")
+
+    @property
+    def checkpoint(self) -> str | None:
+        """Where this partition's frontier is checkpointed, when its folder is not durable itself."""
+        return self.state.rstrip("/") + f"/p{self.index}" if is_remote(self.state) else None
 
     @property
     def shard_prefix(self) -> str:
         return f"crawl-p{self.index}"
-
-    @property
-    def segment(self) -> str:
-        """This partition's part of the manifest: its shards and statistics, rewritten at its commits."""
-        return os.path.join(self.folder, "segment.json")
-
-    @property
-    def status(self) -> str:
-        return os.path.join(self.folder, STATUS_FILE)
-
-    @property
-    def progress(self) -> str:
-        """This partition's latest progress report (the coordinator adds them up into one)."""
-        return os.path.join(self.folder, "progress.json")
-
-    @property
-    def done(self) -> str:
-        return os.path.join(self.root, DONE_FILE)

@@ -16,7 +16,7 @@ from urllib.parse import urljoin
 
 from protego import Protego
 
-from .fetch import BlockedError, Fetcher, FetchError
+from .fetch import BlockedError, Fetcher, FetchError, UnresolvableHost
 from .urls import BadURL, normalize_url
 
 MAX_ROBOTS_REDIRECTS = 5
@@ -32,6 +32,7 @@ class Robots:
     parser: Protego | None = None
     unavailable: str | None = None
     blocked: str | None = None
+    unresolved: str | None = None  # DNS has no address for the host: park it, do not retry
     sitemaps: list[str] = field(default_factory=list)
 
     def allowed(self, url: str, agent: str) -> bool:
@@ -62,6 +63,8 @@ async def fetch_robots(fetcher: Fetcher, origin: str, agent: str, ttl: float, er
             response = await fetcher.fetch(url, accept=(), proxy=proxy, truncate=True, max_bytes=ROBOTS_MAX_BYTES)
         except BlockedError as exc:
             return Robots(origin, time.monotonic() + ttl, unavailable=str(exc), blocked=str(exc)), latencies
+        except UnresolvableHost as exc:
+            return Robots(origin, time.monotonic() + ttl, unavailable=str(exc), unresolved=str(exc)), latencies
         except FetchError as exc:
             observe(None, b"")
             return Robots(origin, time.monotonic() + error_ttl, unavailable=str(exc)), latencies

@@ -56,6 +56,8 @@ class PrivateNodes:
     data: Path
     env: dict[str, str]
     sessions: list[int] = field(default_factory=list)
+    # each worker node's session (kill_session ends the node) -> its raylet's port (ray.nodes()'s NodeManagerPort)
+    workers: dict[int, int] = field(default_factory=dict)
 
 
 def _node_ports() -> list[str]:
@@ -65,16 +67,21 @@ def _node_ports() -> list[str]:
             f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
 
 
-def _start(command: list[str], env: Mapping[str, str], sessions: list[int]) -> None:
+def _start(command: list[str], env: Mapping[str, str], sessions: list[int], attempts: int = 3) -> None:
     """Run a ``ray start`` (it returns once its daemons run) in a new session whose id goes to
     ``sessions`` (for the clean-up, even when the start fails). One at a time: a node's raylet has 30 s
-    to register, which two starting at once on two busy cores missed."""
-    process = subprocess.Popen(command, env=dict(env), start_new_session=True, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    sessions.append(process.pid)
-    output, _ = process.communicate(timeout=240)
-    if process.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[:6])}... failed ({process.returncode}):\n{output[-3000:]}")
+    to register, which two starting at once on two busy cores missed, and which one alone missed at a
+    load average of 25: then its processes are killed and it starts again, ``attempts`` times in all."""
+    for attempt in range(attempts):
+        process = subprocess.Popen(command, env=dict(env), start_new_session=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        sessions.append(process.pid)
+        output, _ = process.communicate(timeout=240)
+        if process.returncode == 0:
+            return
+        if "timed out during startup" not in output or attempt == attempts - 1:
+            raise RuntimeError(f"{' '.join(command[:6])}... failed ({process.returncode}):\n{output[-3000:]}")
+        kill_session(sessions.pop())
 
 
 def _wait_for_nodes(address: str, count: int, env: Mapping[str, str]) -> None:
@@ -117,9 +124,11 @@ def private_nodes(env: Mapping[str, str] | None = None, workers: int = 2) -> Ite
         # the tmpfs hides data/ from each worker node; its daemons keep the namespace alive after start
         script = 'mount -t tmpfs -o size=16m gm-private "$0" && exec "$@"'
         for index in range(workers):
+            ports = _node_ports()
             _start(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(data),
                     *JOIN, "start", f"--address={cluster.address}", "--node-ip-address=127.0.0.1",
-                    f"--temp-dir={root / f'w{index}'}", *common, *_node_ports()], node_env, cluster.sessions)
+                    f"--temp-dir={root / f'w{index}'}", *common, *ports], node_env, cluster.sessions)
+            cluster.workers[cluster.sessions[-1]] = int(ports[0].split("=")[1])
         _wait_for_nodes(cluster.address, 1 + workers, node_env)
         yield cluster
     finally:

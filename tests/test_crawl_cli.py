@@ -228,3 +228,45 @@ def test_on_a_terminal_progress_is_a_bar_of_documents_out_of_max_pages(servers: 
     assert counts == sorted(counts) and any(0 < count < total for count in counts), frames  # one bar, moving
     assert f"{total}/{total}" in frames[-1] and f"{total} pages processed, 0 queued" in frames[-1], frames[-1]
     assert "{" not in shown
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_max_pages_is_a_hard_cap_and_a_higher_one_goes_on(servers: ServerThread, tmp_path: Path, partitions: int,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    sites = [_site(servers, pages=20, name=name) for name in ("one.test", "two.test")]
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("".join(site.url("/") + "\n" for site in sites), encoding="utf-8")
+    out = tmp_path / "out"
+    command = ["crawl", str(seeds), "-o", str(out), "--allow-network", "127.0.0.0/8", "--delay", "0", "--no-extract",
+               "--per-host", "8", "--max-delay", "0", "--concurrency", "32", "--partitions", str(partitions), "--progress",
+               "60",
+               *(f"--resolve={site.name}={site.ip}" for site in sites)]
+    for cap in (5, 9):
+        assert main([*command, "--max-pages", str(cap)]) == 0
+        shown = capsys.readouterr().out
+        stored = [row["url"] for row in documents(out)]
+        assert len(stored) == len(set(stored)) == cap, shown  # not one page more, none twice
+        assert f"--max-pages {cap} is reached" in shown and "higher --max-pages to go on" in shown
+
+
+def test_a_crawl_publishes_its_manifest_only_under_the_output_lease(servers: ServerThread, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from gristmill.pipeline.format import Lease
+
+    site = _site(servers)
+    out = tmp_path / "out"
+    out.mkdir()
+    dedup = Lease(str(out), "dedup-job")  # another writer of the folder, e.g. a dedup job's --overwrite
+    dedup.acquire()
+    try:
+        status = main(["crawl", str(_seeds(tmp_path, site)), "-o", str(out), "--allow-network", "127.0.0.0/8",
+                       f"--resolve={site.name}={site.ip}", "--delay", "0", "--no-extract", "--quiet"])
+    finally:
+        dedup.release()
+    error = capsys.readouterr().err
+    assert status == 2 and error.count("\n") == 1, error
+    assert f"{out} is being written by another" in error
+    assert not list(out.glob("*manifest.json"))
+    assert main(["crawl", str(_seeds(tmp_path, site)), "-o", str(out), "--allow-network", "127.0.0.0/8",
+                 f"--resolve={site.name}={site.ip}", "--delay", "0", "--no-extract", "--quiet"]) == 0
+    assert len(documents(out)) == 5 and not (out / "_lease.json").exists()  # given back after publishing

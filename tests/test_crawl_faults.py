@@ -320,3 +320,15 @@ def test_errors_slow_a_host_down_and_a_hopeless_host_is_parked(servers: ServerTh
     # an idempotent request once on a fresh connection when a kept-alive one was reset (RFC 9112
     # 9.3.1), so the server may see each attempt twice.
     assert 9 <= len([h for h in dead.hits if h.path != "/robots.txt"]) <= 18
+
+
+@pytest.mark.parametrize("robots", [True, False])
+def test_a_seed_host_that_does_not_resolve_is_parked_at_once_naming_resolve(servers: ServerThread, tmp_path,
+                                                                            robots: bool) -> None:
+    site = servers.start(Site("127.0.0.2", "a.test"))
+    site.article("/", "Home")
+    summary = crawl_sites(tmp_path, [site.url("/"), "http://nosuch-host.invalid/"], [site], obey_robots=robots)
+    assert summary.outcomes == {"ok": 1, "dns": 1}
+    assert summary.hosts["http://nosuch-host.invalid"]["requests"] == 1  # not retried
+    assert "--resolve nosuch-host.invalid=IP" in summary.outcome_examples["dns"]
+    assert summary.parked_hosts == {"http://nosuch-host.invalid": "name does not resolve"}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+import s3fs
 import xxhash
 from test_crawl_support import CountingProxy, ServerThread, Site, crawl_sites, documents, outcomes, serve
 
@@ -204,5 +205,7 @@ def test_crawl_into_s3_with_local_state_resumes(servers: ServerThread, tmp_path:
         [site.url("/")] + [site.url(f"/p{i}") for i in range(5)])
     pages = {path: n for path, n in site.paths().items() if path != "/robots.txt"}  # robots.txt: once a run
     assert len(corpus.manifest.extra["warc_files"]) >= 2 and set(pages.values()) == {1}
-    with pytest.raises(ValueError, match="needs state_dir"):
-        crawl_sites(output, [site.url("/")], [site])
+    fresh = f"{s3_bucket}/fresh"  # no state_dir: the state is checkpointed under the output, never a local "s3:"
+    assert crawl_sites(fresh, [site.url("/")], [site], storage_options=s3_server["storage_options"]).documents == 6
+    fs = s3fs.S3FileSystem(**s3_server["storage_options"])
+    assert fs.exists(f"{fresh}/_crawl/frontier.sqlite") and not Path("s3:").exists()

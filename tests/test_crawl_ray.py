@@ -4,9 +4,9 @@ from its frontier, and the crawl completes with every URL of a one-partition cra
 
 from __future__ import annotations
 
-import json
 import os
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -60,14 +60,11 @@ def _ancestors(pid: int) -> set[int]:
     return found
 
 
-def _partition_pids(out: Path) -> dict[int, int]:
-    pids = {}
-    for status in (out / ".crawl").glob("p*/status.json"):
-        try:
-            pids[int(status.parent.name[1:])] = int(json.loads(status.read_text())["epoch"].split(":")[0])
-        except (OSError, ValueError, KeyError):
-            continue
-    return pids
+def _partition_pids(launcher: RayLauncher) -> dict[int, int]:
+    """Each partition's process, as it reports itself to the hub actor."""
+    if launcher.hub is None:
+        return {}
+    return {index: int(status["epoch"].split(":")[0]) for index, status in launcher.hub.statuses(range(3)).items()}
 
 
 def test_partitions_run_as_actors_and_a_killed_worker_restarts_its_partition(cluster, tmp_path: Path) -> None:
@@ -79,12 +76,13 @@ def test_partitions_run_as_actors_and_a_killed_worker_restarts_its_partition(clu
         out = tmp_path / "split"
         on_worker_node: dict[int, bool] = {}
         killed: list[int] = []
+        launcher = RayLauncher()
 
         def kill_a_partition_on_the_worker_node() -> None:
             """Once a partition on the worker node has stored pages, SIGKILL its process."""
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and not killed:
-                for index, pid in _partition_pids(out).items():
+                for index, pid in _partition_pids(launcher).items():
                     on_worker_node.setdefault(index, raylet in _ancestors(pid))
                     if on_worker_node[index] and _committed(out, index):
                         os.kill(pid, signal.SIGKILL)
@@ -94,12 +92,12 @@ def test_partitions_run_as_actors_and_a_killed_worker_restarts_its_partition(clu
 
         watcher = threading.Thread(target=kill_a_partition_on_the_worker_node, daemon=True)
         watcher.start()
-        summary = crawl(site.seeds, str(out), host_map=site.host_map, partitions=3, launcher=RayLauncher(),
+        summary = crawl(site.seeds, str(out), host_map=site.host_map, partitions=3, launcher=launcher,
                         **SETTINGS)
         watcher.join()
     assert killed, "no partition on the worker node was killed"
     assert set(on_worker_node.values()) == {True, False}, "the partitions did not spread over both nodes"
-    assert killed[0] not in _partition_pids(out).values()  # the killed partition ran again, in a new process
+    assert killed[0] not in _partition_pids(launcher).values()  # the killed partition ran again, in a new process
     stored = _stored(out)
     assert len(stored) == len(set(stored)), "a URL was stored twice"
     assert set(stored) == set(single)
@@ -108,8 +106,10 @@ def test_partitions_run_as_actors_and_a_killed_worker_restarts_its_partition(clu
 
 
 def _committed(out: Path, index: int) -> bool:
-    """Whether partition ``index`` has committed a segment with a shard in it."""
+    """Whether partition ``index`` has recorded a shard in its frontier."""
+    path = out / ".crawl" / f"p{index}" / "frontier.sqlite"
     try:
-        return bool(json.loads((out / ".crawl" / f"p{index}" / "segment.json").read_text())["shards"])
-    except (OSError, ValueError, KeyError):
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            return bool(db.execute("SELECT COUNT(*) FROM shards").fetchone()[0])
+    except sqlite3.Error:
         return False

@@ -21,6 +21,8 @@ from gristmill.pipeline.service.client import TOKEN_ENV
 if TYPE_CHECKING:
     from gristmill.crawlers.config import CrawlSummary
 
+log = logging.getLogger("gristmill.crawl")
+HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node only
 MAX_BODY_BYTES = CrawlConfig.max_body_bytes
 USER_AGENT = CrawlConfig.user_agent
 
@@ -39,6 +41,7 @@ HINTS = {
     "host": "their hosts were parked; --retry-parked tries them again",
     "http": "the server answered with an error status",
     "duplicate": "the dedup service already holds these documents",
+    "dns": "their host names do not resolve: check them, or give an address with --resolve HOST=IP",
 }
 
 
@@ -50,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                 "line or in the job file)")
     parser.add_argument("--job", metavar="TOML", help="read options from this TOML file's [crawl] table (or its top "
                                                       "level); the command line wins (default: none)")
-    parser.add_argument("--state-dir", help="frontier folder (default: OUTPUT/.crawl; required for remote output)")
+    parser.add_argument("--state-dir", help="frontier folder, or a store URL it is checkpointed to at each commit "
+                                            "(default: OUTPUT/.crawl; OUTPUT/_crawl for a remote output)")
     parser.add_argument("--concurrency", type=int, default=64, help="connections overall (default: %(default)s)")
     parser.add_argument("--per-host", type=int, default=2, help="connections per host (default: %(default)s)")
     parser.add_argument("--delay", type=float, default=1.0,
@@ -122,10 +126,12 @@ def read_seeds(path: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gristmill.crawlers.crawler import crawl
     from gristmill.crawlers.locks import StateInUse
     from gristmill.crawlers.output import check_output_folder
-    from gristmill.crawlers.partitioned import check_partitions, state_root
+    from gristmill.crawlers.partitioned import check_partitions
+    from gristmill.crawlers.run import crawl
+    from gristmill.crawlers.state import check_state_url, state_url
+    from gristmill.pipeline.format import LeaseHeld
     from gristmill.pipeline.service.oracle import ServiceOracle
 
     try:
@@ -149,18 +155,27 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = CrawlConfig(**_options(args))
         check_output_folder(args.output, config.storage_options)
-        check_partitions(state_root(args.output, config.state_dir), config.partitions)
+        state = state_url(args.output, config.state_dir)
+        check_state_url(state, config.storage_options, config.partitions)
+        check_partitions(state, config.partitions, config.storage_options)
     except ValueError as exc:
         print(f"gristmill crawl: {exc}", file=sys.stderr)
         return 2
     oracle = ServiceOracle(args.dedup_service, os.environ.get(TOKEN_ENV) or None) if args.dedup_service else None
-    launcher = RayLauncher(args.ray_address) if args.ray_address and config.partitions > 1 else None
+    launcher = None
+    if args.ray_address and config.partitions > 1:
+        launcher = RayLauncher(args.ray_address)
+        try:  # on nodes that share no disk, a local folder only this node sees would never end the crawl
+            launcher.check_folders({"-o": args.output, "--state-dir": state}, config.storage_options)
+        except ValueError as exc:
+            print(f"gristmill crawl: {exc}", file=sys.stderr)
+            return 2
     progress = None if args.quiet else ProgressDisplay(config.max_pages)
     summary = None
     try:
         summary = crawl(seeds, args.output, config, oracle=oracle, launcher=launcher,
                         on_progress=progress.show if progress else None)
-    except StateInUse as exc:  # another crawl owns this output's state
+    except (StateInUse, LeaseHeld) as exc:  # another crawl owns this output's state, another job the output
         print(f"gristmill crawl: {exc}", file=sys.stderr)
         return 2
     finally:
@@ -172,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         report["errors"] = report["errors"][:20]
         print(json.dumps(report, indent=1))
     else:
-        print(describe(summary))
+        print(describe(summary, config.max_pages))
     if not summary.documents and not summary.stopped_by:
         print(nothing_stored(summary), file=sys.stderr)
         return 1
@@ -215,8 +230,9 @@ class ProgressDisplay:
             self.bar.close()
 
 
-def describe(summary: CrawlSummary) -> str:
-    """The crawl summary for a person: what is stored, what this run did, and what became of every URL."""
+def describe(summary: CrawlSummary, max_pages: int | None = None) -> str:
+    """The crawl summary for a person: what is stored, what this run did, and what became of every URL
+    (and, when ``max_pages`` stopped it with URLs queued, how to go on: the same command would not)."""
     rate = f", {summary.pages_per_s:,.1f} pages/s" if summary.fetched_this_run else ""
     lines = [f"{summary.output}: {summary.documents:,} documents stored (all runs)",
              f"this run: {summary.fetched_this_run:,} pages processed in {summary.elapsed_s:,.1f} s{rate}, "
@@ -224,7 +240,10 @@ def describe(summary: CrawlSummary) -> str:
              f"URLs admitted, by outcome: {_counts(summary.outcomes) or 'none'}"]
     if summary.status_counts:
         lines.append(f"responses this run, by HTTP status or error: {_counts(summary.status_counts)}")
-    if summary.queued:
+    if summary.queued and max_pages is not None and summary.documents >= max_pages:
+        lines.append(f"{summary.queued:,} URLs still queued: --max-pages {max_pages:,} is reached (all runs "
+                     "count); run again with a higher --max-pages to go on")
+    elif summary.queued:
         lines.append(f"{summary.queued:,} URLs still queued: run the same command again to go on")
     if summary.parked_hosts:
         lines.append(f"{len(summary.parked_hosts):,} hosts parked (--retry-parked tries them again)")
@@ -242,12 +261,17 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 class RayLauncher:
-    """The crawl's partitions as Ray actors spread over the cluster (crawlers.partitioned.PartitionLauncher).
+    """The crawl's partitions as Ray actors, one per node where the cluster has enough
+    (crawlers.partitioned.PartitionLauncher), talking to the coordinator through a hub actor.
 
-    Why Ray's own restarts: when a node dies, Ray starts the actor again elsewhere and retries its
-    crawl call, which resumes the partition from its frontier; the coordinator only sees a partition
-    die once those retries are spent. A signal ends the actors at once (like a crash: everything
-    finished is in their frontiers, a re-run resumes).
+    Why a hub actor: nodes share no disk, so status, segments, links and the stop signal travel as
+    calls to one actor (crawlers.hub.MemoryHub) on the head node (whose loss ends the cluster
+    anyway), never as files. Why Ray's own restarts: when a node dies, Ray starts the actor again
+    on another node and retries its crawl call, which resumes the partition from its last
+    checkpoint on the store; the coordinator only sees a partition die once those retries are spent. Why a placement group: SPREAD alone is best
+    effort (two partitions landed on one node); STRICT_SPREAD puts each on its own node, and where
+    the cluster has fewer nodes than partitions the launcher falls back to SPREAD and says so.
+    A signal ends the actors at once (like a crash: a re-run resumes from the checkpoints).
     """
 
     def __init__(self, address: str | None = None, restarts: int = 3) -> None:
@@ -257,9 +281,43 @@ class RayLauncher:
             ray.init(address=address, log_to_driver=True)
         self._actor = ray.remote(max_restarts=restarts, max_task_retries=restarts)(_PartitionActor)
         self._calls: dict[int, tuple[Any, Any]] = {}
+        self._group: Any = None
+        self.hub: ActorHub | None = None
+
+    def open(self, count: int, root: str) -> ActorHub:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from gristmill.crawlers.hub import MemoryHub
+
+        nodes = [node for node in ray.nodes() if node.get("Alive") and node.get("Resources", {}).get("CPU", 0) >= 1]
+        strategy = "STRICT_SPREAD" if len(nodes) >= count else "SPREAD"
+        if strategy == "SPREAD":
+            log.warning("%d partitions on %d nodes with a CPU: placing them with SPREAD (some share a node)",
+                        count, len(nodes))
+        self._group = placement_group([{"CPU": 1}] * count, strategy=strategy)
+        ray.get(self._group.ready(), timeout=120)
+        head = next((node["NodeID"] for node in ray.nodes() if node.get("Alive")
+                     and HEAD_RESOURCE in node.get("Resources", {})), ray.get_runtime_context().get_node_id())
+        actor = ray.remote(num_cpus=0, max_restarts=0)(MemoryHub).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
+        self.hub = ActorHub(actor)
+        return self.hub
+
+    def check_folders(self, writes: dict[str, str], storage_options: dict[str, Any]) -> None:
+        """Refuse (ValueError, one line) a local folder of ``writes`` (flag -> path) some node does not see."""
+        import ray
+
+        from gristmill.pipeline.job.nodes import check_written_folders
+
+        check_written_folders(ray, dict(writes), storage_options)
 
     def start(self, index: int, run: Callable[[], dict[str, Any]]) -> None:
-        actor = self._actor.options(scheduling_strategy="SPREAD", name=None).remote()
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=index)
+        actor = self._actor.options(num_cpus=1, scheduling_strategy=strategy).remote()
         self._calls[index] = (actor, actor.run.remote(run))
 
     def running(self) -> set[int]:
@@ -285,10 +343,34 @@ class RayLauncher:
 
     def close(self) -> None:
         import ray
+        from ray.util.placement_group import remove_placement_group
 
         for actor, _call in self._calls.values():
             ray.kill(actor, no_restart=True)
         self._calls.clear()
+        if self._group is not None:
+            remove_placement_group(self._group)
+            self._group = None
+
+
+class ActorHub:
+    """A crawlers.hub.Hub whose calls go to a MemoryHub actor: partitions and coordinator share it
+    wherever they run (it pickles as its actor handle)."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name.startswith("_") or name == "actor":  # pickle's probes, and before __dict__ is back
+            raise AttributeError(name)
+        method = getattr(self.actor, name)
+
+        def call(*args: Any) -> Any:
+            import ray
+
+            return ray.get(method.remote(*args))
+
+        return call
 
 
 class _PartitionActor:

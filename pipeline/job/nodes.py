@@ -46,8 +46,16 @@ def _probes(config: DedupConfig, files: Sequence[InputFile]) -> tuple[list[tuple
             _, folder = open_fs(url, options)
             manifest = os.path.join(folder, MANIFEST_NAME)
             probes.append(("--against", manifest, os.path.getsize(manifest)))
-    created: list[str] = []
     writes = {"-o": config.output, "--removed": config.removed, "--work-dir": config.work_dir}
+    marked, created = _markers(writes, options)
+    return probes + marked, created
+
+
+def _markers(writes: dict[str, str | None], options: dict[str, Any]) -> tuple[list[tuple[str, str, int]], list[str]]:
+    """A marker file (flag, path, size) in each local folder of ``writes`` (flag -> URL), and the folders
+    this made (deepest first, for removal)."""
+    probes: list[tuple[str, str, int]] = []
+    created: list[str] = []
     for flag, url in writes.items():
         if not url or not is_local(url, options):
             continue
@@ -79,14 +87,28 @@ def _unseen(probes: list[tuple[str, str, int]]) -> list[int]:
 def check_local_paths(ray: Any, config: DedupConfig, files: Sequence[InputFile]) -> None:
     """Refuse (``DedupError``, one line) a local path that some alive node of the connected Ray cluster
     does not see; nothing to check on one node."""
+    if _alive(ray) >= 2:
+        _refuse_unseen(ray, *_probes(config, files), DedupError)
+
+
+def check_written_folders(ray: Any, writes: dict[str, str | None], options: dict[str, Any]) -> None:
+    """Refuse (ValueError, one line) a local folder of ``writes`` (flag -> URL) that some alive node of
+    the connected Ray cluster does not see (the crawl's output and state); nothing to check on one node."""
+    if _alive(ray) >= 2:
+        _refuse_unseen(ray, *_markers(writes, options), ValueError)
+
+
+def _alive(ray: Any) -> int:
+    return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+
+def _refuse_unseen(ray: Any, probes: list[tuple[str, str, int]], created: list[str], error: type[Exception]) -> None:
+    """Look for every probe from a task pinned to each alive node; ``error`` names the first one missing."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    nodes = [node for node in ray.nodes() if node.get("Alive")]
-    if len(nodes) < 2:
-        return
-    probes, created = _probes(config, files)
     if not probes:
         return
+    nodes = [node for node in ray.nodes() if node.get("Alive")]
     try:
         look = ray.remote(num_cpus=0, max_retries=0)(_unseen)
         refs = [look.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
@@ -95,9 +117,9 @@ def check_local_paths(ray: Any, config: DedupConfig, files: Sequence[InputFile])
             if unseen:
                 flag, path, _ = probes[unseen[0]]
                 shown = path if flag == "input" else os.path.dirname(path)
-                raise DedupError(f"{flag} {shown} is a local path that node {node['NodeManagerAddress']} "
-                                 f"({node['NodeID'][:12]}) of this {len(nodes)}-node Ray cluster does not see; use "
-                                 "object storage (s3://...) or a folder every node mounts")
+                raise error(f"{flag} {shown} is a local path that node {node['NodeManagerAddress']} "
+                            f"({node['NodeID'][:12]}) of this {len(nodes)}-node Ray cluster does not see; use "
+                            "object storage (s3://...) or a folder every node mounts")
     finally:
         for _, path, _ in probes:
             if os.path.basename(path).startswith(MARKER_PREFIX):

@@ -1,0 +1,97 @@
+"""The pieces that let a partition move between nodes: its frontier's checkpoint on a store
+(crawlers/state.py) and the hub's at-least-once hand-over of links (crawlers/hub.py)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gristmill.crawlers.frontier import Frontier
+from gristmill.crawlers.hub import MemoryHub
+from gristmill.crawlers.partitions import Link
+from gristmill.crawlers.state import Checkpoint, check_state_url, state_url
+
+
+def _urls(path: Path) -> set[str]:
+    with sqlite3.connect(path) as db:
+        return {row[0] for row in db.execute("SELECT url FROM urls")}
+
+
+def test_a_checkpoint_is_what_a_restart_starts_from_never_a_scratch_copy(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    local = tmp_path / "node" / "frontier.sqlite"
+    local.parent.mkdir()
+    checkpoint = Checkpoint(str(store))
+    frontier = Frontier(str(local), restore=checkpoint.restore)
+    with frontier.transaction():
+        frontier.add("http://a.test/1", "http://a.test", 0)
+    assert checkpoint.save(str(local))
+    assert not checkpoint.save(str(local))  # nothing committed since: no upload
+    with frontier.transaction():
+        frontier.add("http://a.test/2", "http://a.test", 0)  # after the checkpoint: lost with the node
+    frontier.close()
+    checkpoint.close()
+    again = Frontier(str(local), restore=Checkpoint(str(store)).restore)
+    again.close()
+    assert _urls(local) == {"http://a.test/1"}
+
+
+def test_a_scratch_frontier_without_a_checkpoint_is_not_resumed(tmp_path: Path) -> None:
+    local = tmp_path / "frontier.sqlite"
+    stale = Frontier(str(local))
+    with stale.transaction():
+        stale.add("http://old.test/", "http://old.test", 0)  # an earlier crawl's, left on this node
+    stale.close()
+    Frontier(str(local), restore=Checkpoint(str(tmp_path / "empty-store")).restore).close()
+    assert _urls(local) == set()
+
+
+def test_the_state_defaults_under_a_remote_output_and_bad_schemes_are_refused() -> None:
+    assert state_url("s3://bucket/raw/", None) == "s3://bucket/raw/_crawl"
+    assert state_url("raw", None) == "raw/.crawl"
+    check_state_url("memory://state", None, processes=1)
+    for url in ("http://127.0.0.1:9/state", "memory://state", "nosuchscheme://x"):
+        with pytest.raises(ValueError, match=f"--state-dir {url}: "):
+            check_state_url(url, None, processes=2)
+
+
+operations = st.lists(st.one_of(
+    st.tuples(st.just("post"), st.integers(0, 1), st.integers(1, 3)),
+    st.tuples(st.just("take"), st.integers(0, 1), st.booleans()),  # and acknowledge at once, or not
+    st.tuples(st.just("join"), st.integers(0, 1), st.just(0)),  # a restart: what was not acknowledged is lost
+), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(operations)
+def test_the_hub_hands_every_link_over_until_it_is_acknowledged(steps: list[tuple[str, int, object]]) -> None:
+    hub = MemoryHub()
+    posted: dict[int, list[str]] = {0: [], 1: []}
+    held: dict[int, set[str]] = {0: set(), 1: set()}  # links a partition admitted and acknowledged
+    pending: dict[int, set[str]] = {0: set(), 1: set()}  # taken, not yet acknowledged (lost on a restart)
+    for number, (kind, index, value) in enumerate(steps):
+        if kind == "post":
+            links = [Link(f"http://h{index}.test/{number}-{i}", 1, 0, None, 0, True) for i in range(value)]
+            hub.post(1 - index, index, links, number)
+            posted[index] += [link.url for link in links]
+        elif kind == "take":
+            token, links = hub.take(index)
+            pending[index] |= {link.url for link in links}
+            if value and token is not None:
+                hub.acknowledge(index, token)
+                held[index] |= pending[index]
+                pending[index] = set()
+        else:
+            hub.join(index)
+            pending[index] = set()
+    for index in (0, 1):
+        hub.join(index)
+        _token, links = hub.take(index)
+        again = {link.url for link in links}
+        assert held[index] | again == set(posted[index]), "a link was lost"
+        assert not held[index] & again, "an acknowledged link came again"
+        assert hub.waiting([index]) == 0
