@@ -3,6 +3,7 @@ split, and Ray tasks that retry when a node dies."""
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -37,6 +38,10 @@ class Job:
     preference: Preference = LONGEST  # the survivor policy, parsed (a domain file read) by the driver
     # the driver's progress: called with each finished task's result (never sent to a task)
     on_task: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False, compare=False)
+    # the driver's: every shuffle file the finished tasks' records name, {folder: {file: size}}, and
+    # those named since the stage began (its stage record keeps them for a resume); never sent to a task
+    work_files: dict[str, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
+    stage_files: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     _reference: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -57,15 +62,28 @@ class Job:
         return self._reference
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_reference": None, "on_task": None}
+        return {**self.__dict__, "_reference": None, "on_task": None, "work_files": {}, "stage_files": {}}
+
+    def note_work_files(self, files: dict[str, int]) -> None:
+        """Shuffle files (relative path: size) a finished task's record names: what receivers read."""
+        for relative, size in files.items():
+            self.work_files.setdefault(posixpath.dirname(relative), {})[relative] = size
+        self.stage_files.update(files)
+
+
+WORK_FILES = "work_files"  # in a completion record: the shuffle files the task wrote, {file: size}
 
 
 def run_once(work: WorkDir, marker: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run a task unless its completion record exists; the record is written last."""
+    """Run a task unless its completion record exists; the record is written last, naming the shuffle
+    files the task wrote and their sizes (``WORK_FILES``), which the driver hands to their receivers."""
     done = work.read_json(marker)
     if done is not None:
         return done
+    work.sent.clear()
     record = compute()
+    if work.sent:
+        record = {**record, WORK_FILES: dict(work.sent)}
     work.write_json(marker, record)
     return record
 
@@ -89,20 +107,26 @@ def make_runner(ray: Any, on_task: Callable[[dict[str, Any]], None] | None = Non
 
     def run_tasks(function: Callable[..., Any], argument_lists: list[tuple[Any, ...]],
                   receives: Sequence[Shuffled] = ()) -> list[Any]:
-        """``receives``: the shuffles the tasks read, exchanged first (every task is sent the job first)."""
-        if receives and argument_lists:
-            prepare(argument_lists[0][0].work, receives)
+        """``receives``: the shuffles the tasks read, exchanged first (every task is sent the job first).
+        The shuffle files the tasks' records name are noted in the job (``Job.note_work_files``)."""
+        if not argument_lists:
+            return []
+        job = argument_lists[0][0]
+        if receives:
+            prepare(job.work, receives, job.work_files)
         remote = ray.remote(num_cpus=1, max_retries=5, retry_exceptions=False)(function)
         refs = [remote.remote(*task_arguments(arguments)) for arguments in argument_lists]
-        if on_task is None:
-            return ray.get(refs)
-        pending = set(refs)
+        pending = set(refs) if on_task is not None else set()
         while pending:  # what finished within a second, in one call: no O(tasks) call per finished task
             done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=1.0)
             for result in ray.get(done):
                 on_task(result if isinstance(result, dict) else {})
             pending.difference_update(done)
-        return ray.get(refs)
+        results = ray.get(refs)
+        for result in results:
+            if isinstance(result, dict) and WORK_FILES in result:
+                job.note_work_files(result.pop(WORK_FILES))
+        return results
 
     return run_tasks
 
