@@ -10,11 +10,14 @@ after the last (manifest, rejects, removing the work folder).
 
 Printed per (size, partition budget): requests per stage by kind beside the model of
 ``docs/BENCHMARKS.md`` (``model``: the O(S + P) count the design promises, from the splits S and the
-partitions the job chose), then the wall time of the same job at 0 and 30 ms per request beside the
-same job on local disk (medians of ``--runs``).
+partitions the job chose), the input bytes downloaded and the bytes through the store, then the wall
+time of the same job at 0 and 30 ms per request beside the same job on local disk (medians of
+``--runs``, with the seconds per stage of the last run) and the floor the store itself sets: its
+MB/s for a PUT and a GET of 32 MB at 0 ms, times the bytes the job moved.
 
     .venv/bin/python benchmarks/pipeline_requests.py --sizes 1,34,100 --runs 1
     .venv/bin/python benchmarks/pipeline_requests.py --sizes 1,34 --no-times   # counts only
+    .venv/bin/python benchmarks/pipeline_requests.py --sizes 100 --budgets default --cached-clients
 
 Input: documents of 80-400 random words from a 20,000-word vocabulary; a third of them copy an
 earlier one (half exactly, half with 1-3 % of words changed), so every stage has work. Seeded: the
@@ -107,15 +110,29 @@ class StageMarks:
 
 
 def run_job(inputs: str, output: str, options: dict[str, Any], budget: dict[str, int],
-            store: ShapedStore | None = None) -> tuple[float, dict[str, Counter], dict[str, Any]]:
-    """One job; the wall time, the requests per stage by kind (with a store) and the job's stats."""
+            store: ShapedStore | None = None) -> tuple[float, StageMarks, dict[str, Any]]:
+    """One job; the wall time, its stage marks (requests per stage by kind with a store, seconds per
+    stage) and the job's stats."""
     from gristmill.pipeline.job import DedupConfig, run_dedup
 
     config = DedupConfig(inputs=[inputs], output=output, storage_options=options, **budget)
     marks = StageMarks(store)
     began = time.perf_counter()
     stats = run_dedup(config, progress=marks)
-    return time.perf_counter() - began, marks.per_stage(), stats
+    return time.perf_counter() - began, marks, stats
+
+
+def store_mb_per_s(fs: Any, megabytes: int = 32, repeats: int = 3) -> float:
+    """What the store moves at 0 ms: MB/s of a PUT and a GET of a ``megabytes`` object through the proxy
+    (median of ``repeats``), the floor of any job whose bytes all pass through it."""
+    body, rates = os.urandom(megabytes * MIB), []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        fs.pipe_file("bench/_probe", body)
+        fs.cat_file("bench/_probe", start=0)
+        rates.append(2 * len(body) / 1e6 / (time.perf_counter() - began))
+    fs.rm("bench/_probe")
+    return statistics.median(rates)
 
 
 # Requests per stage on an object store: (per split, per partition, fixed), fitted on runs of 1x1,
@@ -152,6 +169,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--latency-ms", type=float, default=30.0)
     parser.add_argument("--no-times", action="store_true", help="counts only (no 30 ms and local runs)")
+    parser.add_argument("--cached-clients", action="store_true",
+                        help="let s3fs keep one client per process (its default) rather than build one per open")
     parser.add_argument("--budgets", default=",".join(BUDGETS))
     args = parser.parse_args()
 
@@ -168,7 +187,9 @@ def main() -> None:
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         with ShapedStore(f"http://{host}:{port}", record=True) as store:
-            options = {"client_kwargs": {"endpoint_url": store.endpoint}, "skip_instance_cache": True}
+            # skip_instance_cache: every open builds a botocore client (0.13 CPU s each here), as a
+            # process that opens each URL once does; --cached-clients: one per process, s3fs's default
+            options = {"client_kwargs": {"endpoint_url": store.endpoint}, "skip_instance_cache": not args.cached_clients}
             fs = s3fs.S3FileSystem(**options)
             fs.mkdir("bench")
             for size in [float(s) for s in args.sizes.split(",")]:
@@ -190,8 +211,9 @@ def report(store: ShapedStore, fs: Any, options: dict[str, Any], size: float, do
     inputs = f"s3://bench/in-{size:g}/part.jsonl"
     output = f"s3://bench/out-{size:g}-{budget_name.replace('/', '-')}"
     store.shape(latency=0.0)
-    del store.log[:]
-    wall0, per_stage, stats = run_job(inputs, output, options, budget, store)
+    store.reset_stats()
+    _, marks, stats = run_job(inputs, output, options, budget, store)
+    per_stage, traffic = marks.per_stage(), store.stats()
     total: Counter = Counter()
     splits, partitions = stats["splits"], job_partitions(stats, budget)
     print(f"\n## {size:g} MB ({docs} documents), budget {budget_name}: {splits} splits, up to {partitions} "
@@ -202,22 +224,38 @@ def report(store: ShapedStore, fs: Any, options: dict[str, Any], size: float, do
         print(f"{stage:10s} " + " ".join(f"{counts[k]:7d}" for k in KINDS)
               + f" {sum(counts.values()):7d} {stage_requests(stage, splits, partitions):7d}")
     print(f"{'all':10s} " + " ".join(f"{total[k]:7d}" for k in KINDS) + f" {sum(total.values()):7d}")
+    input_size = local_input.stat().st_size
+    read = sum(n for path, n in traffic["sent_by_path"].items() if path.startswith(f"/bench/in-{size:g}/"))
+    moved = traffic["bytes_sent"] + traffic["bytes_received"]
+    print(f"input downloaded: {read / 1e6:.1f} MB of {input_size / 1e6:.1f} MB ({read / input_size:.2f}x); "
+          f"through the store: {traffic['bytes_sent'] / 1e6:.0f} MB sent, {traffic['bytes_received'] / 1e6:.0f} MB "
+          "received")
     fs.rm(output, recursive=True)
     if args.no_times:
         return
+    rate = store_mb_per_s(fs)
+    print(f"store at 0 ms: {rate:.0f} MB/s (PUT + GET of 32 MB): the job's {moved / 1e6:.0f} MB take "
+          f"{moved / 1e6 / rate:.1f} s through it whatever the latency")
     times: dict[str, list[float]] = defaultdict(list)
+    stages: dict[str, dict[str, float]] = {}  # the last run's seconds per stage, by setting
     for _ in range(args.runs):
         for label, latency in (("0 ms", 0.0), (f"{args.latency_ms:g} ms", args.latency_ms / 1000)):
             store.shape(latency=latency)
-            times[label].append(run_job(inputs, output, options, budget)[0])
+            wall, marks, _ = run_job(inputs, output, options, budget)
+            times[label].append(wall)
+            stages[label] = marks.seconds()
             fs.rm(output, recursive=True)
         out = scratch / "out"
-        times["local"].append(run_job(str(local_input), str(out), {}, budget)[0])
+        wall, marks, _ = run_job(str(local_input), str(out), {}, budget)
+        times["local"].append(wall)
+        stages["local"] = marks.seconds()
         shutil.rmtree(out, ignore_errors=True)
     store.shape(latency=0.0)
     local = statistics.median(times["local"])
     print("wall s: " + ", ".join(f"{label} {statistics.median(v):.1f} ({statistics.median(v) / local:.2f}x local)"
                                  for label, v in times.items()))
+    for label, seconds in stages.items():
+        print(f"  {label:6s} s per stage: " + ", ".join(f"{stage} {s:.1f}" for stage, s in seconds.items()))
 
 
 if __name__ == "__main__":

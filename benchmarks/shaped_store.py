@@ -19,7 +19,9 @@ SlowDown`` (or another status), as a throttling bucket does to one hot key.
 
 Requests are counted by kind (GET, PUT, COPY, LIST, HEAD, DELETE, POST, other: a rename on an object
 store is a COPY and a DELETE) in ``stats()["kinds"]``, and with ``record=True`` logged as (kind, path)
-in ``log`` so a benchmark can add them up per stage by the keys they touched.
+in ``log`` so a benchmark can add them up per stage by the keys they touched; the object bytes sent
+are counted per path (``sent_by_path``: what a reader downloaded of each object) and the request
+bodies received in all (``bytes_received``).
 
 Settings can be changed while it runs (``store.shape(...)`` in-process, or ``POST /__shape__`` with
 JSON); ``stats()`` / ``GET /__stats__`` report what it did. Run it as a process for benchmarks:
@@ -73,6 +75,8 @@ class StoreStats:
     connections: int = 0
     upstream_object_reads: int = 0
     kinds: dict[str, int] = field(default_factory=dict)  # requests by kind(): GET, PUT, COPY, LIST, ...
+    bytes_received: int = 0  # request bodies (PUT, POST)
+    sent_by_path: dict[str, int] = field(default_factory=dict)  # object body bytes sent, by object path
     _active: int = field(default=0, repr=False)
 
 
@@ -279,7 +283,7 @@ class ShapedStore:
         if declared != len(body):
             response.force_close()  # a broken sender: the connection ends where its body does
         await response.prepare(request)
-        await self._paced_write(response, memoryview(body)[:declared])
+        await self._paced_write(response, memoryview(body)[:declared], path)
         if declared == len(body):
             await response.write_eof()
         return response
@@ -300,7 +304,7 @@ class ShapedStore:
         self._buckets[prefix] = (tokens - 1, now)
         return True
 
-    async def _paced_write(self, response: web.StreamResponse, body: memoryview) -> None:
+    async def _paced_write(self, response: web.StreamResponse, body: memoryview, path: str) -> None:
         """Write ``body`` in chunks, each when the capped link would have finished carrying it."""
         conn, total = self.settings.conn_mbps, self.settings.total_mbps
         rates = [r * 1e6 for r in (conn, total) if r]
@@ -318,6 +322,8 @@ class ShapedStore:
             await response.write(piece)
             sent += len(piece)
             self.counters.bytes_sent += len(piece)
+            by_path = self.counters.sent_by_path
+            by_path[path] = by_path.get(path, 0) + len(piece)
 
     async def _object(self, request: web.Request) -> tuple[bytes, dict[str, str]] | web.Response:
         """The whole object from the proxy's copy, fetched from upstream once; an upstream error as is."""
@@ -344,6 +350,7 @@ class ShapedStore:
         skip = _HOP_BY_HOP | ({"range"} if drop_range else set())
         headers = {k: v for k, v in request.headers.items() if k.lower() not in skip}
         data = await request.read()
+        self.counters.bytes_received += len(data)
         async with self._session.request(request.method, self.upstream + request.path_qs, headers=headers,
                                          data=data if data else None, allow_redirects=False) as upstream:
             body = await upstream.read()

@@ -16,9 +16,11 @@ import pyarrow.compute as pc
 import pytest
 from test_pipeline_data import documents, write_jsonl
 
+from gristmill.pipeline.commands.options import error_line
 from gristmill.pipeline.format import Corpus
 from gristmill.pipeline.job import DedupConfig, DedupError, run_dedup
 from gristmill.pipeline.job.datasets import EXACT_IN, EXACT_IN_SCHEMA, Shuffled
+from gristmill.pipeline.job.exchange import prepare
 from gristmill.pipeline.job.spill import ExternalSort
 from gristmill.pipeline.job.workdir import WorkDir
 
@@ -167,3 +169,60 @@ def test_a_budget_that_is_not_positive_is_refused_before_any_work(option: str, i
     with pytest.raises(DedupError, match="must be positive"):
         run_dedup(DedupConfig([str(inputs)], str(tmp_path / "out"), **{option: 0}))
     assert not (tmp_path / "out").exists()
+
+
+class _RemoveOnBegin:
+    """A progress display that removes ``path`` as ``stage`` begins: a work file gone under the job."""
+
+    def __init__(self, stage: str, remove: Any) -> None:
+        self.stage, self.remove = stage, remove
+
+    def begin(self, stage: str, total_bytes: int | None = None) -> None:
+        if stage == self.stage:
+            self.remove()
+
+    def task_done(self, result: dict[str, Any]) -> None:
+        pass
+
+    def end(self, stage: str, resumed: bool = False) -> None:
+        pass
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_sender_file_missing_under_the_job_is_an_error_naming_it_not_a_smaller_dedup(
+        where: str, ray_local: None, inputs: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A bucket sender's file goes after the sign stage wrote it: a receiver that read the folder's listing
+    found fewer candidate pairs and finished with exit 0; the senders are named by their records."""
+    source, out, storage = str(inputs), str(tmp_path / "out"), {}
+    if where == "s3":  # through the exchange: the broker's load task finds the file missing
+        import s3fs
+
+        bucket, server = request.getfixturevalue("s3_bucket"), request.getfixturevalue("s3_server")
+        # this module's Ray workers started before the server set the credentials in the environment
+        storage = {"key": "testing", "secret": "testing",
+                   "client_kwargs": {"endpoint_url": server["endpoint_url"], "region_name": "us-east-1"}}
+        s3fs.S3FileSystem(**storage).put(str(inputs), f"{bucket}/in", recursive=True)
+        source, out = f"{bucket}/in", f"{bucket}/out"
+    work = WorkDir(f"{out}/_work", storage)
+    gone = work.path("buckets_in/s=00003.part")  # written by sign, read by buckets (under a hashed prefix on s3)
+    config = DedupConfig(inputs=[source], output=out, split_bytes=1, num_partitions=PARTITIONS, storage_options=storage)
+    with pytest.raises(FileNotFoundError) as raised:
+        run_dedup(config, progress=_RemoveOnBegin("buckets", lambda: work.fs.rm(gone)))
+    line = error_line(raised.value)
+    assert gone.removeprefix("s3://") in line and "a shuffle's work file is missing (" in line and "\n" not in line
+    assert not work.fs.exists(f"{out}/_manifest.json")  # nothing committed
+
+
+def test_a_receiver_reads_the_senders_the_records_name_and_refuses_another_size(tmp_path: Path) -> None:
+    work = WorkDir(str(tmp_path / "work"))
+    dataset = Shuffled("named")
+    table, destination = _rows(2, 40)
+    work.write_partitioned(dataset, "s=00000", table, destination, 7)
+    work.write_partitioned(dataset, "s=00001", table.slice(0, 5), destination[:5], 7)
+    named = dict(work.sent)  # what the senders' completion records say (tasks.run_once)
+    work.write_partitioned(dataset, "s=00002", table, destination, 7)  # a file no record names: not read
+    prepare(work, [dataset], {dataset.folder: named})
+    assert sum(t.num_rows for d in range(7) for t in work.partition_tables(dataset, d)) == 45
+    (tmp_path / "work" / "named" / "s=00001.part").write_bytes((tmp_path / "work" / "named" / "s=00000.part").read_bytes())
+    with pytest.raises(ValueError, match=r"s=00001.part: its index describes \d+ bytes where its sender's completion"):
+        list(work.partition_tables(dataset, 0))

@@ -7,12 +7,15 @@ gives the same corpus as its rows in many files and as itself cut at another ``-
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import json
 import random
+import uuid
 from pathlib import Path
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -31,8 +34,8 @@ from gristmill.pipeline.job.inputs import (
     Piece,
     ReadOptions,
     Reject,
-    count_newlines,
     cuttable,
+    fetch_counted,
     needs_line_count,
     number_lines,
     plan_splits,
@@ -48,11 +51,13 @@ OPTIONS = ReadOptions(max_doc_bytes=2_000)  # lines over 16 KB are over the raw-
 
 
 def _cut_read(item: InputFile, split_bytes: int, options: ReadOptions = OPTIONS) -> tuple[list[Doc | Reject], int]:
-    """Every record of ``item`` read piece by piece as the job reads it (newlines counted, lines numbered),
-    and the number of pieces."""
+    """Every record of ``item`` read piece by piece as the job reads it (newlines counted, lines numbered,
+    off a local disk the counted bytes parsed: ``gristmill.pipeline.job.read``), and the number of pieces."""
     splits = plan_splits([item], split_bytes)
-    counts = {s.index: [count_newlines(p) if needs_line_count(p) else None for p in s.pieces] for s in splits}
-    pieces = [p for s in number_lines(splits, counts) for p in s.pieces]
+    fetched = {s.index: [fetch_counted(p) if needs_line_count(p) else (None, None) for p in s.pieces] for s in splits}
+    numbered = number_lines(splits, {index: [count for count, _ in got] for index, got in fetched.items()})
+    pieces = [dataclasses.replace(p, prefetched=data) for s in numbered
+              for p, (_, data) in zip(s.pieces, fetched[s.index], strict=True)]
     return [r for p in pieces for r in read_piece(p, options)], len(pieces)
 
 
@@ -61,7 +66,14 @@ def _split_bytes(size: int, cut: float) -> int:
     return max(size // 30, 1) + int(cut * size)
 
 
-def _write(folder: Path, name: str, data: bytes) -> InputFile:
+def _write(folder: Path, name: str, data: bytes, where: str = "local") -> InputFile:
+    """``data`` as an input file on the local disk or (``where="memory"``) in fsspec's memory store,
+    which the reader treats as an object store."""
+    if where == "memory":
+        url = f"memory://{folder.name}-{uuid.uuid4().hex[:8]}/{name}"
+        fsspec.filesystem("memory").pipe(url, data)
+        [item] = resolve_inputs([url])
+        return item
     path = folder / name
     path.write_bytes(data)
     [item] = resolve_inputs([str(path)])
@@ -112,12 +124,13 @@ LINE = st.one_of(
 )
 
 
+@pytest.mark.parametrize("where", ["local", "memory"])  # memory: pieces parsed from the bytes their count fetched
 @CUTS
 @given(lines=st.lists(LINE, min_size=1, max_size=40), final_newline=st.booleans(), cut=st.floats(0, 1))
 def test_a_cut_jsonl_file_gives_the_whole_files_records_and_line_numbers(
-        tmp_path: Path, lines: list[bytes], final_newline: bool, cut: float) -> None:
+        tmp_path: Path, where: str, lines: list[bytes], final_newline: bool, cut: float) -> None:
     data = b"\n".join(lines) + (b"\n" if final_newline else b"")
-    item = _write(tmp_path, "cut.jsonl", data)
+    item = _write(tmp_path, "cut.jsonl", data, where)
     whole = list(read_file(item, OPTIONS))
     assert len(whole) == len(lines) - (not final_newline and lines[-1] == b"")  # one record per line
     got, pieces = _cut_read(item, _split_bytes(len(data), cut))

@@ -222,6 +222,7 @@ def explicit_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[
 def error_line(exc: BaseException) -> str:
     """An error as the one line a command prints: a Ray task's error is shown as its cause (Ray's
     ``RayTaskError`` subclasses the cause's type but renders the whole remote traceback)."""
-    cause = getattr(exc, "cause", None)
-    shown = cause if isinstance(cause, BaseException) and type(exc).__module__.startswith("ray") else exc
+    shown = exc
+    while type(shown).__module__.startswith("ray") and isinstance(getattr(shown, "cause", None), BaseException):
+        shown = shown.cause  # a task's error raised again in the actor that awaited it: the innermost
     return str(shown) or type(shown).__name__

@@ -78,6 +78,11 @@ class Shuffled:
     def file(self, name: str) -> str:
         return f"{self.folder}/{name}.part"
 
+    def senders_file(self) -> str:
+        """On a local disk, the senders' files a step's receivers read and their sizes, as the driver
+        named them from the senders' completion records (``exchange.prepare``)."""
+        return f"{self.folder}/senders.json"
+
 
 @dataclass(frozen=True)
 class BySplit(Shuffled):

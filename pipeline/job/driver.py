@@ -189,7 +189,9 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
         _start_ray()  # already up when run_dedup joined a cluster to check its nodes
     previous = work.read_json(JOB_RECORD)
     # the shuffles and the components' rounds depend on these too
-    identity = {"fingerprint": fingerprint, "partitions": config.num_partitions, "cc_rows": config.cc_rows_per_task}
+    # (and the layout: a work folder whose stage records do not name their shuffle files is not resumed)
+    identity = {"fingerprint": fingerprint, "partitions": config.num_partitions, "cc_rows": config.cc_rows_per_task,
+                "layout": 2}
     if previous is not None and previous != identity:
         log.info("work folder %s belongs to a different job; starting afresh", work.url)
         work.remove_all()
@@ -209,7 +211,9 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
         if record is not None:
             resumed.append(name)
             result = record["result"]
+            job.note_work_files(record["work_files"])  # what later stages' receivers read of it
         else:
+            job.stage_files = {}
             if progress is not None:
                 progress.begin(name, total_bytes)
             begin = time.time()
@@ -221,7 +225,7 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
             end_stage(broker)
             timings[name] = round(time.time() - begin, 3)
             work.write_json(TIMINGS, timings)
-            work.write_json(stage_record(name), {"result": result})
+            work.write_json(stage_record(name), {"result": result, "work_files": job.stage_files})
         if progress is not None:
             progress.end(name, resumed=record is not None)
         if on_stage is not None:

@@ -7,7 +7,9 @@ resume needs) is read whole once (one GET) by a *load* task that cuts it into :d
 destination groups; a *merge* task per round of :data:`ROUND_SENDERS` senders and group gathers the
 round's pieces per destination, one object each; a receiver then fetches its destination's objects
 of every round at once from Ray's object store (which spills to each node's local disk past its
-size). Requests to the store per shuffle: one listing per 1,000 senders plus S GETs, whatever P;
+size). The senders are those the driver names from their completion records (never a listing, which
+may miss a file and give a smaller dedup without a word), each checked against its recorded size.
+Requests to the store per shuffle: S GETs, whatever P;
 objects: S x GROUPS while a round merges, then rounds x P. This is the push-based shuffle of Ray
 Data and Exoshuffle (map, merge per round, reduce), with the map reading a file the sender wrote.
 
@@ -22,13 +24,13 @@ from __future__ import annotations
 import functools
 import posixpath
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from gristmill.pipeline.job.datasets import Shuffled
-from gristmill.pipeline.job.partfile import decode_segment, segments_by_destination
+from gristmill.pipeline.job.partfile import decode_segment, missing_sender, segments_by_destination
 
 GROUPS = 16  # destination groups a load task cuts a file into (objects per sender while merging)
 ROUND_SENDERS = 64  # senders merged together: a receiver fetches one object per round
@@ -37,12 +39,15 @@ FETCH_AT_ONCE = 8  # rounds' objects a receiver holds at a time (they are its ro
 
 def _load(work: Any, path: str, size: int) -> tuple[Any, ...]:
     """Map: one sender's file in one GET, cut into GROUPS dicts {destination: segments} (by destination
-    modulo GROUPS), after its destination count. The size must be the one the listing gave."""
+    modulo GROUPS), after its destination count. The size must be the one the sender recorded."""
     from gristmill.pipeline.job.workdir import with_retries
 
-    data = with_retries(lambda: work.fs.cat_file(path, start=0), path)
+    try:
+        data = with_retries(lambda: work.fs.cat_file(path, start=0), path)
+    except FileNotFoundError as error:
+        raise missing_sender(path, size) from error
     if len(data) != size:
-        raise ValueError(f"{path}: read {len(data)} bytes where the listing said {size}")
+        raise ValueError(f"{path}: read {len(data)} bytes where its sender's completion record says {size}")
     count, found = segments_by_destination(data, path)
     groups: list[dict[int, list[bytes]]] = [{} for _ in range(GROUPS)]
     for destination, segments in found.items():
@@ -70,16 +75,14 @@ def _remote_functions() -> tuple[Any, Any]:
 class Exchange:
     """One dataset's exchange: the load and merge tasks, and each destination's merged objects."""
 
-    def __init__(self, work: Any, folder: str) -> None:
+    def __init__(self, work: Any, senders: Sequence[tuple[str, int]]) -> None:
+        """``senders``: (file relative to the work folder, size) of each sender, in sender-name order."""
         import ray
 
-        listing = work.fs.find(work.path() + "/" + folder, detail=True)
-        files = sorted(((posixpath.basename(p), p, int(info["size"])) for p, info in listing.items()
-                        if p.endswith(".part")), key=lambda f: f[0])  # sender-name order
         load, merge = _remote_functions()
-        loaded = [load.remote(work, path, size) for _, path, size in files]
+        loaded = [load.remote(work, work.path(relative), size) for relative, size in senders]
         self.destinations = max(ray.get([refs[0] for refs in loaded]), default=0)
-        self.senders = len(files)
+        self.senders = len(senders)
         # per round, per group: the merged objects of the group's destinations, in destination order
         self.rounds: list[list[list[Any]]] = []
         for begin in range(0, len(loaded), ROUND_SENDERS):
@@ -108,13 +111,15 @@ class ShuffleBroker:
     def __init__(self) -> None:
         self.exchanges: dict[str, Exchange] = {}
 
-    def prepare(self, work: Any, folders: list[str]) -> None:
-        """Load and merge every dataset of ``folders`` not prepared yet; returns when all are merged."""
+    def prepare(self, work: Any, senders: dict[str, list[tuple[str, int]]]) -> None:
+        """Load and merge every dataset (``senders``: its folder's senders' files and sizes) not prepared
+        yet; returns when all are merged."""
         import ray
 
+        folders = list(senders)
         for folder in folders:
             if folder not in self.exchanges:
-                self.exchanges[folder] = Exchange(work, folder)
+                self.exchanges[folder] = Exchange(work, senders[folder])
         merged = [ref for folder in folders for by_group in self.exchanges[folder].rounds
                   for refs in by_group for ref in refs]
         ray.wait(merged, num_returns=len(merged), fetch_local=False)
@@ -164,12 +169,21 @@ def stop_exchange(broker: Any | None) -> None:
         ray.kill(broker)
 
 
-def prepare(work: Any, datasets: Sequence[Shuffled]) -> None:
-    """Before a step's receivers start: the exchanges of the ``datasets`` they read (none outside a job)."""
+def prepare(work: Any, datasets: Sequence[Shuffled], sent: Mapping[str, Mapping[str, int]]) -> None:
+    """Before a step's receivers start: the senders of each of the ``datasets`` they read, from ``sent``
+    (folder: {file: size}, as the senders' completion records name them): exchanged through the job's
+    broker on an object store; on a local disk named in the dataset's ``senders_file()``, which the
+    receivers read."""
+    senders = {d.folder: sorted(sent.get(d.folder, {}).items(), key=lambda item: posixpath.basename(item[0]))
+               for d in datasets}
+    if work.exchange is None:
+        for dataset in datasets:
+            work.write_json(dataset.senders_file(), senders[dataset.folder])
+        return
     import ray
 
-    if work.exchange is not None and datasets:
-        ray.get(ray.get_actor(work.exchange).prepare.remote(work, [d.folder for d in datasets]))
+    if datasets:
+        ray.get(ray.get_actor(work.exchange).prepare.remote(work, senders))
 
 
 def received_tables(broker: str, folder: str, destination: int) -> Iterator[pa.Table]:

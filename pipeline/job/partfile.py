@@ -101,12 +101,27 @@ class PartitionedWriter:
         self._handle.write(_TAIL.pack(self._position, len(self._runs), count, MAGIC))
 
 
-def read_destination(fs: Any, path: str, destination: int) -> Iterator[pa.Table]:
-    """The segments of ``destination`` in the partitioned file ``path``, one table per run that has rows."""
-    tail = fs.cat_file(path, start=-_TAIL.size)
+def missing_sender(path: str, size: int | None) -> FileNotFoundError:
+    """The error for a sender's file that its completion record names but the store does not have: a
+    receiver that went on without it would dedup against fewer rows and say nothing."""
+    recorded = "" if size is None else f" ({size} bytes by its sender's completion record)"
+    return FileNotFoundError(f"{path}: a shuffle's work file is missing{recorded}; the work folder was changed "
+                             "under the job (remove it to start afresh)")
+
+
+def read_destination(fs: Any, path: str, destination: int, size: int | None = None) -> Iterator[pa.Table]:
+    """The segments of ``destination`` in the partitioned file ``path``, one table per run that has rows;
+    ``size``: the file's size as its sender recorded it (a file of another size is refused)."""
+    try:
+        tail = fs.cat_file(path, start=-_TAIL.size)
+    except FileNotFoundError as error:
+        raise missing_sender(path, size) from error
     if len(tail) != _TAIL.size or tail[-len(MAGIC):] != MAGIC:
         raise ValueError(f"{path} is not a partitioned work file (damaged, or written by another version)")
     index_at, runs, count, _ = _TAIL.unpack(tail)
+    if size is not None and index_at + 16 * runs * count + _TAIL.size != size:
+        raise ValueError(f"{path}: its index describes {index_at + 16 * runs * count + _TAIL.size} bytes where "
+                         f"its sender's completion record says {size} (a short or damaged file)")
     if destination >= count or runs == 0:
         return
     entry = index_at + 16 * runs * destination

@@ -7,6 +7,7 @@ have, join the exact and band shuffles (from ``sigs/``, as a signed split's do).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -33,14 +34,14 @@ from gristmill.pipeline.job.inputs import (
     ReadOptions,
     Reject,
     Split,
-    count_newlines,
+    fetch_counted,
     generated_id,
     needs_line_count,
     number_lines,
     read_piece,
 )
 from gristmill.pipeline.job.keys import check_split_rows
-from gristmill.pipeline.job.tasks import Job, map_splits, run_once
+from gristmill.pipeline.job.tasks import Job, job_runner, run_once
 
 # Text per batch, one row group of a split's documents: a worker holds one at a time (8 MiB cost
 # 47 MB more per worker at the same CPU).
@@ -50,25 +51,51 @@ BATCH_BYTES = 4 * 1024 * 1024
 def run_read(job: Job, splits: Sequence[Split]) -> list[dict[str, Any]]:
     """The stage's tasks for the new input: the newlines of cut JSONL files first (a task per split
     holding such a piece, reading only those bytes), so each later piece knows its first line number;
-    then one read task per split, each sent its own split."""
-    counted = map_splits(count_lines, job, [s for s in splits if any(needs_line_count(p) for p in s.pieces)])
-    return map_splits(read_split, job, number_lines(splits, {r["split"]: r["newlines"] for r in counted}))
+    then one read task per split, each sent its own split and, on an object store, the bytes the count
+    fetched (through Ray's object store, which spills to local disk past its size): a cut file is
+    downloaded once."""
+    counting = [s for s in splits if any(needs_line_count(p) for p in s.pieces)]
+    fetched: dict[int, Sequence[Any]]
+    if job.in_process:  # a small job: the counts, and the bytes they fetched, right here
+        fetched = {s.index: fetch_lines(job, s) for s in counting}
+        counted = [results[0] for results in fetched.values()]
+    else:
+        import ray
+
+        fetch = ray.remote(num_cpus=1, max_retries=5, retry_exceptions=False)(fetch_lines)
+        fetched = {s.index: fetch.options(num_returns=1 + sum(map(needs_line_count, s.pieces))).remote(
+            job.reference(), s) for s in counting}
+        counted = ray.get([refs[0] for refs in fetched.values()])
+    numbered = number_lines(splits, {r["split"]: r["newlines"] for r in counted})
+    return job_runner(job)(read_split, [(job, split, *fetched.get(split.index, [None])[1:]) for split in numbered])
 
 
-def count_lines(job: Job, split: Split) -> dict[str, Any]:
+def fetch_lines(job: Job, split: Split) -> tuple[Any, ...]:
     """Before the read, once: the newlines of the split's pieces that a later piece of their file numbers
-    its lines from (``inputs.number_lines``); ``{"split": index, "newlines": [count or None per piece]}``."""
+    its lines from (``inputs.number_lines``), as ``{"split": index, "newlines": [count or None per
+    piece]}``, then the bytes counted of each such piece (None on a local disk, or when the count was
+    done by an earlier run: the read fetches them itself)."""
+    kept: list[Any] = [None] * sum(map(needs_line_count, split.pieces))
 
     def compute() -> dict[str, Any]:
-        storage = job.config.storage_options
-        return {"split": split.index,
-                "newlines": [count_newlines(p, storage) if needs_line_count(p) else None for p in split.pieces]}
+        newlines: list[int | None] = []
+        for piece in split.pieces:
+            count = None
+            if needs_line_count(piece):
+                count, kept[len(newlines) - newlines.count(None)] = fetch_counted(piece, job.config.storage_options)
+            newlines.append(count)
+        return {"split": split.index, "newlines": newlines}
 
-    return run_once(job.work, LINES_DONE.split(split.index), compute)
+    return (run_once(job.work, LINES_DONE.split(split.index), compute), *kept)
 
 
-def read_split(job: Job, split: Split) -> dict[str, Any]:
-    """One split of the input (the task's own argument), once: ``{"docs": read, "rejected": records rejected}``."""
+def read_split(job: Job, split: Split, *prefetched: Any) -> dict[str, Any]:
+    """One split of the input (the task's own argument), once: ``{"docs": read, "rejected": records rejected}``.
+    ``prefetched``: the bytes :func:`fetch_lines` counted, one per piece it counted."""
+    if prefetched:
+        given = iter(prefetched)
+        split = dataclasses.replace(split, pieces=tuple(
+            dataclasses.replace(p, prefetched=next(given)) if needs_line_count(p) else p for p in split.pieces))
     return run_once(job.work, READ_DONE.split(split.index), lambda: _read_split_now(job, split))
 
 

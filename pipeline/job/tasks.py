@@ -3,6 +3,7 @@ split, and Ray tasks that retry when a node dies (or, for a small job, calls in 
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -38,6 +39,10 @@ class Job:
     # the driver's progress: called with each finished task's result (never sent to a task)
     on_task: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False, compare=False)
     in_process: bool = False  # a small job on a local work folder: tasks run here, one after another, no Ray
+    # the driver's: every shuffle file the finished tasks' records name, {folder: {file: size}}, and
+    # those named since the stage began (its stage record keeps them for a resume); never sent to a task
+    work_files: dict[str, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
+    stage_files: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     _reference: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -58,15 +63,28 @@ class Job:
         return self._reference
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_reference": None, "on_task": None}
+        return {**self.__dict__, "_reference": None, "on_task": None, "work_files": {}, "stage_files": {}}
+
+    def note_work_files(self, files: dict[str, int]) -> None:
+        """Shuffle files (relative path: size) a finished task's record names: what receivers read."""
+        for relative, size in files.items():
+            self.work_files.setdefault(posixpath.dirname(relative), {})[relative] = size
+        self.stage_files.update(files)
+
+
+WORK_FILES = "work_files"  # in a completion record: the shuffle files the task wrote, {file: size}
 
 
 def run_once(work: WorkDir, marker: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run a task unless its completion record exists; the record is written last."""
+    """Run a task unless its completion record exists; the record is written last, naming the shuffle
+    files the task wrote and their sizes (``WORK_FILES``), which the driver hands to their receivers."""
     done = work.read_json(marker)
     if done is not None:
         return done
+    work.sent.clear()
     record = compute()
+    if work.sent:
+        record = {**record, WORK_FILES: dict(work.sent)}
     work.write_json(marker, record)
     return record
 
@@ -84,26 +102,42 @@ def task_arguments(arguments: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(a.reference() if isinstance(a, Job) else a for a in arguments)
 
 
+def _run_stage(call_all: Callable[[Callable[..., Any], list[tuple[Any, ...]]], list[Any]],
+               function: Callable[..., Any], argument_lists: list[tuple[Any, ...]],
+               receives: Sequence[Shuffled]) -> list[Any]:
+    """What every runner does around ``call_all``: the shuffles the tasks read (``receives``) are
+    exchanged first (every task is sent the job first), and the shuffle files the tasks' records name
+    are noted in the job after (``Job.note_work_files``)."""
+    if not argument_lists:
+        return []
+    job = argument_lists[0][0]
+    if receives:
+        prepare(job.work, receives, job.work_files)
+    results = call_all(function, argument_lists)
+    for result in results:
+        if isinstance(result, dict) and WORK_FILES in result:
+            job.note_work_files(result.pop(WORK_FILES))
+    return results
+
+
 def make_runner(ray: Any, on_task: Callable[[dict[str, Any]], None] | None = None) -> Callable[..., list[Any]]:
     """Ray tasks for the shuffle reducers: one task per partition, retried when a node dies; ``on_task``
     hears each task's result as it finishes (progress inside a stage)."""
 
-    def run_tasks(function: Callable[..., Any], argument_lists: list[tuple[Any, ...]],
-                  receives: Sequence[Shuffled] = ()) -> list[Any]:
-        """``receives``: the shuffles the tasks read, exchanged first (every task is sent the job first)."""
-        if receives and argument_lists:
-            prepare(argument_lists[0][0].work, receives)
+    def call_all(function: Callable[..., Any], argument_lists: list[tuple[Any, ...]]) -> list[Any]:
         remote = ray.remote(num_cpus=1, max_retries=5, retry_exceptions=False)(function)
         refs = [remote.remote(*task_arguments(arguments)) for arguments in argument_lists]
-        if on_task is None:
-            return ray.get(refs)
-        pending = set(refs)
+        pending = set(refs) if on_task is not None else set()
         while pending:  # what finished within a second, in one call: no O(tasks) call per finished task
             done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=1.0)
             for result in ray.get(done):
                 on_task(result if isinstance(result, dict) else {})
             pending.difference_update(done)
         return ray.get(refs)
+
+    def run_tasks(function: Callable[..., Any], argument_lists: list[tuple[Any, ...]],
+                  receives: Sequence[Shuffled] = ()) -> list[Any]:
+        return _run_stage(call_all, function, argument_lists, receives)
 
     return run_tasks
 
@@ -115,15 +149,18 @@ def job_runner(job: Job) -> Callable[..., list[Any]]:
 
         return make_runner(ray, job.on_task)
 
-    def run_here(function: Callable[..., Any], argument_lists: list[tuple[Any, ...]],
-                 receives: Sequence[Shuffled] = ()) -> list[Any]:
-        """Each task called in turn: a local work folder exchanges nothing (``exchange.start_exchange``)."""
+    def call_each(function: Callable[..., Any], argument_lists: list[tuple[Any, ...]]) -> list[Any]:
+        """Each task called in turn, on a local work folder (``exchange.start_exchange``)."""
         results = []
         for arguments in argument_lists:
             results.append(function(*arguments))
             if job.on_task is not None:
                 job.on_task(results[-1] if isinstance(results[-1], dict) else {})
         return results
+
+    def run_here(function: Callable[..., Any], argument_lists: list[tuple[Any, ...]],
+                 receives: Sequence[Shuffled] = ()) -> list[Any]:
+        return _run_stage(call_each, function, argument_lists, receives)
 
     return run_here
 

@@ -101,6 +101,9 @@ class WorkDir:
         self.storage_options = dict(storage_options or {})
         self.spread_keys = spread_keys
         self.exchange = exchange
+        # the partitioned files this process wrote since ``tasks.run_once`` last cleared it, with their
+        # sizes: the task's completion record names them, so that receivers read exactly those
+        self.sent: dict[str, int] = {}
         self.fs, self.root = open_fs(url, self.storage_options)
         protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
         self.atomic_put = bool(ATOMIC_PUT.intersection(protocols))
@@ -214,6 +217,7 @@ class WorkDir:
             writer = PartitionedWriter(handle, destinations, budget_bytes)
             yield writer
             writer.close()
+            self.sent[dataset.file(name)] = handle.tell()
 
     def write_partitioned(self, dataset: Shuffled, name: str, table: pa.Table, destination: np.ndarray,
                           destinations: int | None = None) -> None:
@@ -226,17 +230,25 @@ class WorkDir:
             writer.write(table, destination)
 
     def partition_tables(self, dataset: Shuffled, destination: int) -> Iterator[pa.Table]:
-        """The receiving side, a segment at a time: ``destination``'s rows of every finished file of the
-        dataset, in file-name order (for a shuffle out of splits: key order). In a job they come through
-        the exchange (:mod:`gristmill.pipeline.job.exchange`); outside one, from each file in turn."""
+        """The receiving side, a segment at a time: ``destination``'s rows of every sender's file, in
+        file-name order (for a shuffle out of splits: key order). In a job they come through the
+        exchange (:mod:`gristmill.pipeline.job.exchange`), or on a local disk from the files the
+        driver named in ``dataset.senders_file()`` (each checked against the size its sender's record
+        gives: a missing or short file is an error, never fewer rows); outside a job, from every file in
+        the folder."""
         if self.exchange is not None:
             from gristmill.pipeline.job.exchange import received_tables
 
             yield from received_tables(self.exchange, dataset.folder, destination)
             return
-        listing = self.fs.find(posixpath.join(self.root, dataset.folder))
-        for path in sorted((p for p in listing if p.endswith(".part")), key=posixpath.basename):
-            yield from read_destination(self.fs, path, destination)
+        named = self.read_json(dataset.senders_file())
+        if named is None:
+            listing = self.fs.find(posixpath.join(self.root, dataset.folder))
+            files = [(p, None) for p in sorted((p for p in listing if p.endswith(".part")), key=posixpath.basename)]
+        else:
+            files = [(self.path(relative), size) for relative, size in named]
+        for path, size in files:
+            yield from read_destination(self.fs, path, destination, size)
 
     def read_partition(self, dataset: Shuffled, destination: int, schema: pa.Schema) -> pa.Table:
         """All of ``destination``'s rows of a shuffle; an empty table of ``schema`` when there are none."""

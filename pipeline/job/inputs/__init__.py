@@ -50,6 +50,7 @@ from gristmill.pipeline.job.inputs.splits import (
     SPLIT_MAX_PIECES,
     count_newlines,
     cuttable,
+    fetch_counted,
     needs_line_count,
     number_lines,
     plan_splits,
@@ -58,6 +59,6 @@ from gristmill.pipeline.job.inputs.streams import RAW_RECORD_EXPANSION
 
 __all__ = [
     "COMPRESSIONS", "JSONL_SUFFIXES", "KEY_BITS", "RAW_RECORD_EXPANSION", "SPLIT_MAX_PIECES", "Doc", "InputError",
-    "InputFile", "InputUnreadable", "Piece", "ReadOptions", "Reject", "Split", "classify", "count_newlines", "cuttable", "domain_of",
+    "InputFile", "InputUnreadable", "Piece", "ReadOptions", "Reject", "Split", "classify", "count_newlines", "cuttable", "fetch_counted", "domain_of",
     "generated_id", "needs_line_count", "number_lines", "plan_splits", "read_file", "read_piece", "resolve_inputs",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 from urllib.parse import urlsplit
@@ -58,6 +58,9 @@ class Piece:
     start: int = 0
     end: int | None = None
     first_line: int = 1  # JSONL: the number of the first line that starts in the piece (number_lines)
+    # JSONL on an object store: the piece's bytes from byte max(start - 1, 0) to its end, fetched with its
+    # newline count (``splits.fetch_counted``), which its read parses rather than download them again
+    prefetched: Any = field(default=None, compare=False, repr=False)
 
     @property
     def whole(self) -> bool:

@@ -8,8 +8,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import fsspec
+import numpy as np
 
-from gristmill.pipeline.job.inputs.faults import retrying
+from gristmill.pipeline.format.storage import is_local
+from gristmill.pipeline.job.inputs.faults import InputUnreadable, retrying
 from gristmill.pipeline.job.inputs.records import InputFile, Piece, Split
 
 # A split's pieces are its read task's argument: at most this many keeps it a few KB whatever the
@@ -92,6 +94,22 @@ def count_newlines(piece: Piece, storage_options: Mapping[str, Any] | None = Non
         return newlines
 
     return retrying(piece.file.url, count)
+
+
+def fetch_counted(piece: Piece, storage_options: Mapping[str, Any] | None = None) -> tuple[int, np.ndarray | None]:
+    """:func:`count_newlines`, and on an object store the bytes it counted (from byte max(start - 1, 0) to
+    the piece's end, in one ranged read) for the piece's read to parse (``Piece.prefetched``): a cut
+    file is then downloaded once, not once to count and once to read (1.6-2x its size). On a local
+    disk the read goes back to the file (None), as cheap as holding the bytes."""
+    fs, path = fsspec.core.url_to_fs(piece.file.url, **dict(storage_options or {}))
+    if is_local(fs):
+        return count_newlines(piece, storage_options), None
+    begin, end = max(piece.start - 1, 0), piece.end if piece.end is not None else piece.file.size
+    data = retrying(piece.file.url, lambda: fs.cat_file(path, start=begin, end=end))
+    if len(data) != end - begin:  # the file changed since the plan listed it: its lines cannot be numbered
+        raise InputUnreadable(f"{piece.file.url}: read {len(data)} bytes of {begin}-{end}, the file is shorter "
+                              "than when the job listed it")
+    return data.count(b"\n", 0, max(len(data) - 1, 0)), np.frombuffer(data, np.uint8)
 
 
 def number_lines(splits: Sequence[Split], newlines: Mapping[int, Sequence[int | None]]) -> list[Split]:

@@ -78,11 +78,63 @@ def open_piece(piece: Piece, storage_options: Mapping[str, Any] | None) -> Binar
     """The piece's file, open for reading at the size the plan found. A piece of a cut file reads exact
     ranges (no read-ahead cache: a seek to byte 0 and back fetched a block from there), which
     :func:`decompressed` buffers by :func:`piece_block_bytes` and stops at the piece's end, so it
-    downloads about its own bytes."""
+    downloads about its own bytes; a piece whose bytes came with its newline count reads those."""
     fs, path = fsspec.core.url_to_fs(piece.file.url, **dict(storage_options or {}))
     if piece.whole:
         return fs.open(path, "rb", size=piece.file.size)
-    return fs.open(path, "rb", size=piece.file.size, block_size=piece_block_bytes(piece), cache_type="none")
+
+    def ranged() -> BinaryIO:
+        return fs.open(path, "rb", size=piece.file.size, block_size=piece_block_bytes(piece), cache_type="none")
+
+    if piece.prefetched is not None:
+        return _Prefetched(memoryview(piece.prefetched), max(piece.start - 1, 0), ranged)  # type: ignore[return-value]
+    return ranged()
+
+
+class _Prefetched(io.RawIOBase):
+    """A cut piece's file served from its prefetched bytes (``data``, from byte ``begin``), and past them
+    from the store as :class:`_PieceRange` reads it: the record that crosses the piece's end."""
+
+    def __init__(self, data: memoryview, begin: int, open_file: Any) -> None:
+        self._data, self._begin, self._position = data, begin, begin
+        self._open_file = open_file
+        self._file: Any = None  # opened at the first read past the data
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence not in (io.SEEK_SET, io.SEEK_CUR):
+            raise io.UnsupportedOperation("a piece seeks from its start or its position")
+        self._position = offset + (self._position if whence == io.SEEK_CUR else 0)
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        offset = self._position - self._begin
+        if offset < 0:  # a piece's reader starts at byte start - 1 (0 for the first), where the data does
+            raise ValueError(f"read at byte {self._position}, before the piece's prefetched bytes ({self._begin} on)")
+        if offset < len(self._data):
+            size = min(len(buffer), len(self._data) - offset)
+            buffer[:size] = self._data[offset:offset + size]
+        else:
+            if self._file is None:
+                self._file = self._open_file()
+                self._rest = _PieceRange(self._file, self._begin + len(self._data))
+            self._rest.seek(self._position)
+            size = self._rest.readinto(buffer)
+        self._position += size
+        return size
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        super().close()
 
 
 class _PieceRange(io.RawIOBase):
@@ -133,6 +185,8 @@ def decompressed(piece: Piece, raw: BinaryIO) -> tuple[BinaryIO, str | None]:
         return gzip.GzipFile(fileobj=raw), compression
     if compression == "zstd":
         return io.BufferedReader(_ZstdFrames(raw), _STREAM_BUFFER_BYTES), compression
+    if isinstance(raw, _Prefetched):
+        return io.BufferedReader(raw, piece_block_bytes(piece)), None
     if isinstance(raw, fsspec.spec.AbstractBufferedFile):  # an object store's file: its readline takes no size
         return io.BufferedReader(raw if piece.end is None else _PieceRange(raw, piece.end),
                                  piece_block_bytes(piece)), None
