@@ -188,3 +188,34 @@ def test_a_document_that_keeps_a_span_is_not_removed_as_short(ray_local: None, t
     assert len(tale) >= 50 and len(docs[0]["text"]) < len(docs[1]["text"]) < len(docs[2]["text"])
     assert kept == {"a": tale, "c": nav, "b": docs[2]["text"]}
     assert stats["spans"]["documents_removed"] == 0
+
+
+def test_cli_spans_then_stats_html_and_one_span(ray_local: None, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture) -> None:
+    from gristmill.pipeline.cli import main
+
+    nav = "Home | News | Sport | Weather | Contact us"
+    docs = [{"id": f"p{i}", "text": f"{nav}\nstory {i}: " + " ".join(WORDS[i:i + 9]) + "\nShare this with friends"}
+            for i in range(6)]
+    paths = _write(docs, tmp_path / "in", 1)
+    out, removed = str(tmp_path / "out"), str(tmp_path / "removed")
+    assert main(["dedup", *paths, "-o", out, "--removed", removed, "--spans", "sentences:3", "--span-min-chars",
+                 "5", "--min-chars", "10", "--quiet"]) == 0
+    assert "most repeated spans" in capsys.readouterr().out
+    assert main(["stats", out, "--json"]) == 0
+    spans = json.loads(capsys.readouterr().out)["spans"]
+    assert (spans["spans"], spans["span_min_chars"], spans["spans_cut"]) == ("sentences:3", 5, 10)
+    assert sorted((s["text"], s["docs"]) for s in spans["top"]) == [(nav, 6), ("Share this with friends", 6)]
+    top = next(s for s in spans["top"] if s["text"] == nav)
+    html = tmp_path / "report.html"
+    assert main(["stats", out, "--html", str(html)]) == 0
+    assert "Spans cut (sentences:3)" in html.read_text() and top["hash"] in html.read_text()
+    capsys.readouterr()
+    assert main(["clusters", out, "--span", top["hash"][:6]]) == 0
+    shown = capsys.readouterr().out
+    kept_by = next(r["id"] for r in _rows(out) if nav in r["text"])
+    assert f"kept in {kept_by}" in shown and nav in shown and shown.count("[0:43]") == 5
+    assert main(["clusters", out, "--span", top["hash"][:6], "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["cut_from"]) == 5
+    assert main(["clusters", out, "--span", "zz"]) == 1
+    assert "no cut span" in capsys.readouterr().err

@@ -10,16 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gristmill.pipeline.format.schemas import SPANS_CUT_SCHEMA  # a document removed for spans is kept whole
 from gristmill.pipeline.job.datasets import SPAN_ROWS, SPANS_OUT, spans_cut_file
 from gristmill.pipeline.job.outcomes import KEPT, SPANS
 from gristmill.pipeline.job.spans import SPANS_OUT_SCHEMA
 from gristmill.pipeline.job.tasks import Job
 from gristmill.pipeline.job.workdir import WorkDir
-
-# With --removed, one row per span cut from a document that stays in the corpus: where it was, its
-# hash, and the document that kept it (a document removed for its spans is in the removed corpus whole).
-SPANS_CUT_SCHEMA = pa.schema([("id", pa.string()), ("start", pa.int64()), ("end", pa.int64()),
-                              ("bytes", pa.int64()), ("span_hash", pa.string()), ("kept_by", pa.string())])
 
 
 class SpanCutter:
