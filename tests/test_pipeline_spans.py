@@ -219,3 +219,22 @@ def test_cli_spans_then_stats_html_and_one_span(ray_local: None, tmp_path: Path,
     assert len(json.loads(capsys.readouterr().out)["cut_from"]) == 5
     assert main(["clusters", out, "--span", "zz"]) == 1
     assert "no cut span" in capsys.readouterr().err
+
+
+def test_against_cuts_the_spans_an_earlier_corpus_keeps(ray_local: None, tmp_path: Path) -> None:
+    nav = "Home | News | Sport | Weather | Contact us"
+    first = [{"id": "old", "text": f"{nav}\nan old story about a copper beacon on the prairie"}]
+    second = [{"id": "new1", "text": f"{nav}\na new story about a walnut frozen deep in the blue glacier"},
+              {"id": "new2", "text": f"a second story about thistle, saffron and cobalt in the meadow\n{nav}"}]
+    _run(_write(first, tmp_path / "a", 1), tmp_path / "first", "line")
+    earlier = str(tmp_path / "first" / "corpus")
+    assert Corpus.open(earlier).manifest.extra["span_index"]["spans"] == "line"
+    stats = _run(_write(second, tmp_path / "b", 1), tmp_path / "second", "line", against=[earlier])
+    kept = {r["id"]: r["text"] for r in _rows(str(tmp_path / "second" / "corpus"))}
+    assert kept == {"new1": "a new story about a walnut frozen deep in the blue glacier",
+                    "new2": "a second story about thistle, saffron and cobalt in the meadow\n"}
+    cut = pq.read_table(tmp_path / "second" / "removed" / Corpus.open(str(tmp_path / "second" / "removed"))
+                        .manifest.extra["spans_cut"]["files"][0])
+    assert set(cut["kept_by"].to_pylist()) == {"old"} and stats["spans"]["spans_cut"] == 2
+    with pytest.raises(DedupError, match="span_min_chars"):  # spans split otherwise cannot be compared
+        _run(_write(second, tmp_path / "c", 1), tmp_path / "third", "line", against=[earlier], span_min_chars=5)

@@ -204,6 +204,11 @@ def spans_cut_file(split: int, fingerprint: str) -> str:
     return f"{SPANS_CUT_FOLDER}/cut-{split:05d}-{fingerprint[:12]}.parquet"
 
 
+def span_index_file(split: int, fingerprint: str) -> str:
+    """A split's span index file (``--spans``: the spans its kept documents hold), relative to the corpus."""
+    return f"{SPANS_CUT_FOLDER}/index-{split:05d}-{fingerprint[:12]}.parquet"
+
+
 def rejects_file(fingerprint: str) -> str:
     """The run's rejects file, relative to the corpus folder."""
     return f"{REJECTS_FOLDER}/rejects-{fingerprint[:12]}.parquet"

@@ -33,6 +33,7 @@ from gristmill.pipeline.format import (
 from gristmill.pipeline.format.manifest import PAIRS_KEY, SPANS_CUT_KEY
 from gristmill.pipeline.format.schemas import with_columns
 from gristmill.pipeline.format.signature_index import IndexFile, IndexParams
+from gristmill.pipeline.format.span_index import SPAN_INDEX_KEY
 from gristmill.pipeline.job import components, extras
 from gristmill.pipeline.job.buckets import bucket_partition
 from gristmill.pipeline.job.clusters import run_clusters
@@ -67,7 +68,13 @@ from gristmill.pipeline.job.plan import against_index_files, claim_folders, job_
 from gristmill.pipeline.job.prefer import Preference, check_input_column, parse_preference
 from gristmill.pipeline.job.read import read_index_split, run_read
 from gristmill.pipeline.job.sign import sign_split
-from gristmill.pipeline.job.spans import run_spans, span_partitions, top_spans
+from gristmill.pipeline.job.spans import (
+    earlier_span_indexes,
+    run_spans,
+    span_partitions,
+    span_settings,
+    top_spans,
+)
 from gristmill.pipeline.job.stats import final_stats, merge_counts, run_stats, span_stats
 from gristmill.pipeline.job.tasks import Job, make_runner, map_splits
 from gristmill.pipeline.job.verify import run_verify
@@ -187,7 +194,7 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
     # the context every task shares: without the plan (a read task is sent its own split) and without
     # the INPUT list, which can name as many files as the plan
     job = Job(dataclasses.replace(config, inputs=[]), params, work, index_files, fingerprint, len(splits), preference,
-              on_task=progress.task_done if progress is not None else None)
+              earlier_span_indexes(config), on_task=progress.task_done if progress is not None else None)
 
     broker = start_exchange(work)  # on an object store, receivers get their rows through it
     run_tasks = make_runner(ray, job.on_task)
@@ -265,6 +272,8 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
     extra = {"signature_index": {"files": index_names, "band_files": band_names, "params": dataclasses.asdict(params)},
              "rejects": rejects_file(fingerprint), STATS_TABLE_KEY: {"files": table["files"]},
              "job": _job_summary(config), JOB_FINGERPRINT_KEY: fingerprint}
+    if config.spans is not None:  # for later --spans --against jobs
+        extra[SPAN_INDEX_KEY] = {**span_settings(config), "files": [r["span_index_file"] for r in written]}
     if params.verify:  # the candidate pairs table verification kept, for clusters --what-if
         extra[PAIRS_KEY] = verified["pairs"]
     _collect_rejects(job, extra["rejects"])

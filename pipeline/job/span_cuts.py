@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gristmill.pipeline.format.schemas import SPANS_CUT_SCHEMA  # a document removed for spans is kept whole
-from gristmill.pipeline.job.datasets import SPAN_ROWS, SPANS_OUT, spans_cut_file
+from gristmill.pipeline.format.span_index import write_span_index
+from gristmill.pipeline.job.datasets import SPAN_ROWS, SPANS_OUT, span_index_file, spans_cut_file
 from gristmill.pipeline.job.outcomes import KEPT, SPANS
 from gristmill.pipeline.job.spans import SPANS_OUT_SCHEMA
 from gristmill.pipeline.job.tasks import Job
@@ -34,6 +35,7 @@ class SpanCutter:
             self.cuts.setdefault(key, []).append((start, end, value, kept_by))
         keeps = sent.filter(pc.invert(sent["cut"]))
         self.keepers = set(keeps["key"].to_pylist())
+        self.rows, self.cut_pairs = rows, cuts.select(["key", "hash"])
         self.shown = rows.join(keeps.filter(keeps["shown"]).select(["key", "hash", "docs"]), ["key", "hash"],
                                join_type="inner", use_threads=False).sort_by(order)
         self.records: list[pa.Table] = []
@@ -91,9 +93,22 @@ class SpanCutter:
                 self.top.append({"hash": value, "docs": row["docs"],
                                  "text": texts[int(np.searchsorted(keys, row["key"]))][row["start"]: row["end"]].strip()})
 
-    def finish(self) -> dict[str, Any]:
-        """The split's span totals and shown spans; with ``--removed``, its record of cuts written."""
-        result: dict[str, Any] = {"span_totals": self.totals, "top_spans": self.top}
+    def finish(self, docs: pa.Table, status: np.ndarray) -> dict[str, Any]:
+        """The split's span totals and shown spans; its span index written (the spans its kept ``docs``
+        still hold, for later ``--against`` jobs); with ``--removed``, its record of cuts."""
+        kept = docs.filter(pa.array(status == KEPT))
+        held = self.rows.filter(pc.is_in(self.rows["key"], value_set=kept["key"].combine_chunks()))
+        held = held.join(self.cut_pairs, ["key", "hash"], join_type="left anti", use_threads=False)
+        held = held.sort_by([("hash", "ascending"), ("key", "ascending")])
+        hashes = held["hash"].to_numpy()
+        first = np.flatnonzero(np.r_[True, hashes[1:] != hashes[:-1]]) if len(hashes) else np.zeros(0, np.int64)
+        where = np.searchsorted(docs["key"].to_numpy(), held["key"].to_numpy()[first])
+        index_name = span_index_file(self.split_index, self.job.fingerprint)
+        write_span_index(self.job.config.output, index_name,
+                         pa.table({"hash": pa.array(hashes[first], pa.uint64()),
+                                   "id": docs["id"].take(pa.array(where, pa.int64()))}),
+                         self.job.config.storage_options)
+        result: dict[str, Any] = {"span_totals": self.totals, "top_spans": self.top, "span_index_file": index_name}
         if self.job.config.removed:
             name = spans_cut_file(self.split_index, self.job.fingerprint)
             table = pa.concat_tables(self.records) if self.records else SPANS_CUT_SCHEMA.empty_table()

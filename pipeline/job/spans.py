@@ -19,8 +19,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from gristmill.pipeline.format import Corpus, CorpusError
 from gristmill.pipeline.format.sorted_parquet import range_partition
+from gristmill.pipeline.format.span_index import SPAN_INDEX_SCHEMA, span_index_urls, spans_held
+from gristmill.pipeline.job.config import DedupConfig, DedupError
 from gristmill.pipeline.job.datasets import (
     DOCS,
     EXACT_CLUSTERS,
@@ -53,6 +57,36 @@ def span_partitions(input_bytes: int, override: int | None, partition_bytes: int
     if override is not None:
         return override
     return max(1, -(-input_bytes // TYPICAL_SPAN_BYTES * SPAN_IN_ROW_BYTES // partition_bytes))
+
+
+def span_settings(config: DedupConfig) -> dict[str, Any]:
+    """What two jobs must share for one's spans to be compared with the other's (``--against``)."""
+    return {"spans": config.spans, "span_min_chars": config.span_min_chars}
+
+
+def earlier_span_indexes(config: DedupConfig) -> list[str]:
+    """With ``--spans --against``: every earlier corpus's span index files (DedupError when one has none
+    or split its spans otherwise)."""
+    if config.spans is None:
+        return []
+    try:
+        return [url for corpus in config.against
+                for url in span_index_urls(Corpus.open(corpus, config.storage_options), span_settings(config))]
+    except CorpusError as exc:
+        raise DedupError(f"--against: {exc}") from None
+
+
+def _earlier_holders(job: Job, wanted: np.ndarray) -> pa.Table:
+    """Of the sorted span hashes ``wanted``, those an earlier corpus keeps, with the id of its keeper
+    (the first earlier corpus, then the lowest id, when several hold one)."""
+    tables = [spans_held(url, wanted, job.config.storage_options) for url in job.span_index_urls]
+    if not tables:
+        return SPAN_INDEX_SCHEMA.empty_table()
+    held = pa.concat_tables(tables)
+    order = np.lexsort((np.arange(held.num_rows), held["hash"].to_numpy()))
+    hashes = held["hash"].to_numpy()[order]
+    first = order[np.r_[True, hashes[1:] != hashes[:-1]]] if len(hashes) else order
+    return held.take(pa.array(first, pa.int64()))
 
 
 def span_map(job: Job, split_index: int, partitions: int) -> dict[str, Any]:
@@ -104,25 +138,40 @@ def span_reduce(job: Job, part: int) -> dict[str, Any]:
         docs = np.bincount(labels, minlength=len(distinct)).astype(np.int64)
         chosen = survivors(labels, table["length"].to_numpy(), table["id"], preference=table["prefer"].to_numpy())
         best = chosen.row[labels]
-        repeated = docs[labels] >= job.config.span_min_docs
         rows = np.arange(table.num_rows)
-        cut = repeated & (rows != best)
         ids = table["id"].combine_chunks()
+        # spans an earlier corpus keeps (--against): its document is the survivor, every new holder loses them
+        earlier = _earlier_holders(job, distinct)
+        from_earlier = np.zeros(len(distinct), bool)
+        earlier_id = np.full(len(distinct), None, object)
+        where = np.searchsorted(distinct, earlier["hash"].to_numpy())
+        from_earlier[where] = True
+        earlier_id[where] = earlier["id"].to_pylist()
+        docs = docs + from_earlier
+        repeated = docs[labels] >= job.config.span_min_docs
+        cut = repeated & ((rows != best) | from_earlier[labels])
         # each repeated span's survivor learns it keeps it (a document that keeps one is never removed
         # for being short: the span would be kept nowhere), the most repeated (ties by hash) for the stats
-        candidates = np.flatnonzero(docs >= job.config.span_min_docs)
+        candidates = np.flatnonzero((docs >= job.config.span_min_docs) & ~from_earlier)
         top = candidates[np.lexsort((distinct[candidates], -docs[candidates]))][:TOP_SPANS]
         sent = np.concatenate([rows[cut], chosen.row[candidates]]).astype(np.int64)
         shown = np.zeros(len(distinct), bool)
         shown[top] = True
         out = pa.table({"key": table["key"].take(pa.array(sent)), "hash": table["hash"].take(pa.array(sent)),
-                        "kept_by": ids.take(pa.array(best[sent])), "docs": pa.array(docs[labels[sent]], pa.int64()),
+                        "kept_by": _keepers(ids, best[sent], earlier_id[labels[sent]]),
+                        "docs": pa.array(docs[labels[sent]], pa.int64()),
                         "cut": pa.array(np.arange(len(sent)) < int(cut.sum())),
                         "shown": pa.array(shown[labels[sent]] & (rows[sent] == best[sent]))}, schema=SPANS_OUT_SCHEMA)
         route_by_split(job, SPANS_OUT, part, out)
         return {"repeated": len(candidates), "cut": int(cut.sum())}
 
     return run_once(job.work, SPANS_DONE.partition(part), compute)
+
+
+def _keepers(ids: pa.Array, best: np.ndarray, earlier: np.ndarray) -> pa.Array:
+    """The id of the document keeping each span: an earlier corpus's where it has one, else the survivor's."""
+    ours = ids.take(pa.array(best, pa.int64()))
+    return pc.coalesce(pa.array(earlier.tolist(), pa.string()), ours)
 
 
 def run_spans(job: Job, partitions: int, run_tasks: Callable[..., list[Any]]) -> dict[str, int]:

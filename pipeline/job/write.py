@@ -85,7 +85,7 @@ def _write_split_now(job: Job, split_index: int, carried: pa.Schema) -> dict[str
               **split_stats(job, split_index, docs, status, cluster_size, text_bytes, outcomes.survivor_domain,
                             kept_bytes)}
     if cutter is not None:
-        spans = cutter.finish()
+        spans = cutter.finish(docs, status)
         result["totals"]["spans_totals"] = spans.pop("span_totals")
         result.update(spans)
     return result
