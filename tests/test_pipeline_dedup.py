@@ -76,7 +76,7 @@ def test_mixed_input_accounting_adds_up_and_agrees_with_the_in_memory_oracle(
     assert sum(v["near_duplicate"] for v in stats["by_language"].values()) == docs["near_duplicate"]
     assert sum(int(size) * count for size, count in stats["cluster_sizes"].items()) <= docs["input"]
     assert stats["bytes"]["kept"] < stats["bytes"]["input_documents"]
-    assert set(stats["stage_seconds"]) == set(STAGES) - {"against"}  # against: only with --against
+    assert set(stats["stage_seconds"]) == set(STAGES) - {"against", "spans"}  # each only with its flag
     assert stats["params"]["verify"] and (stats["params"]["bands"], stats["params"]["rows"]) == (14, 9)
     assert stats["components"]["candidates"] >= stats["components"]["verified"] > 0
     index = Corpus.open(out).manifest.extra["signature_index"]["params"]
@@ -96,7 +96,7 @@ def test_without_verification_every_candidate_pair_links_as_in_the_unverified_or
                          split_bytes=40_000, num_partitions=3, verify=False)
     finished: list[str] = []  # what a progress bar is told
     stats = run_dedup(config, on_stage=finished.append)
-    assert finished == list(job_stages(config)) == [s for s in STAGES if s not in ("verify", "against")]
+    assert finished == list(job_stages(config)) == [s for s in STAGES if s not in ("verify", "against", "spans")]
     kept, gone = _rows(out), _rows(removed)
     assert {r["id"] for r in kept} == _oracle_kept(kept + gone, verify=False)
     assert not stats["params"]["verify"] and (stats["params"]["bands"], stats["params"]["rows"]) == (9, 13)
@@ -112,7 +112,7 @@ def test_partition_count_does_not_change_a_byte(
         finished: list[str] = []  # what a progress bar is told
         run_dedup(DedupConfig(inputs=[str(root)], output=out, max_doc_bytes=MAX_DOC_BYTES, split_bytes=40_000,
                               num_partitions=partitions), on_stage=finished.append)
-        assert finished == [s for s in STAGES if s != "against"]
+        assert finished == [s for s in STAGES if s not in ("against", "spans")]
         manifests.append(Corpus.open(out).manifest)
     assert [s.to_dict() for s in manifests[0].shards] == [s.to_dict() for s in manifests[1].shards]
 

@@ -1,5 +1,6 @@
-"""``gristmill clusters CORPUS``: the largest duplicate clusters, one cluster side by side with diffs, and
-``--what-if T``: the funnel recut at another threshold from the job's stored candidate pairs.
+"""``gristmill clusters CORPUS``: the largest duplicate clusters, one cluster side by side with diffs,
+``--what-if T``: the funnel recut at another threshold from the job's stored candidate pairs, and
+``--span HASH``: where one span that ``dedup --spans`` cut was kept and cut.
 
 Listing and showing need the job's removed documents (``gristmill dedup --removed``) and stream them a
 row group at a time (:mod:`gristmill.pipeline.report.duplicates`); the text layout is
@@ -38,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=20, help="clusters to list (default: %(default)s)")
     parser.add_argument("--show", metavar="ID", help="print this cluster: a cluster id, a member's document id, "
                         "or a unique prefix of either (default: list the largest clusters)")
+    parser.add_argument("--span", metavar="HASH", help="print where this span (a hash `stats` lists among the most "
+                        "repeated spans, or a unique prefix) was kept and cut by `gristmill dedup --spans`")
     parser.add_argument("--width", type=int, default=None, help="output width (default: the terminal's)")
     parser.add_argument("--what-if", type=threshold, metavar="THRESHOLD", dest="what_if",
                         help="recut the clusters at this similarity threshold from the job's stored candidate pairs "
@@ -69,6 +72,8 @@ def _run(args: argparse.Namespace) -> int:
         print(terminal_safe(json.dumps(result, indent=2) if args.json else render_what_if(result)))
         return 0
     removed = open_removed(corpus, args.removed)
+    if args.span is not None:
+        return _show_span(corpus, removed, args)
     width = args.width or max(60, min(200, shutil.get_terminal_size((140, 40)).columns))
     if args.show is None:
         with Progress("clusters: removed rows scanned", removed.num_rows, "rows", quiet=args.quiet) as progress:
@@ -89,4 +94,17 @@ def _run(args: argparse.Namespace) -> int:
                                         "members": [vars(m) for m in cluster.everyone()]}, indent=2, ensure_ascii=False)))
     else:
         print(terminal_safe(render_cluster(cluster, width)))
+    return 0
+
+
+def _show_span(corpus: Corpus, removed: Corpus, args: argparse.Namespace) -> int:
+    """``--span HASH``: the document that kept the span and every document it was cut from."""
+    from gristmill.pipeline.report.span_report import find_span, render_span
+
+    try:
+        span = find_span(corpus, removed, args.span)
+    except LookupError as exc:
+        print(terminal_safe(f"gristmill clusters: {exc}"), file=sys.stderr)
+        return 1
+    print(terminal_safe(json.dumps(span.summary(), indent=2, ensure_ascii=False) if args.json else render_span(span)))
     return 0

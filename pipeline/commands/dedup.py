@@ -20,7 +20,8 @@ from gristmill.pipeline.report.terminal import terminal_safe
 # Command-line options that map one to one onto DedupConfig fields.
 _OPTIONS = ("threshold", "num_perm", "ngram", "bands", "rows", "seed", "text_column", "id_column",
             "max_doc_bytes", "split_bytes", "num_partitions", "partition_bytes", "spill_bytes", "cc_rows_per_task",
-            "removed", "against", "shard_bytes", "row_group_bytes", "prefer", "work_dir")
+            "removed", "against", "shard_bytes", "row_group_bytes", "prefer", "work_dir", "spans", "span_min_docs",
+            "span_min_chars", "min_chars")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +77,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--against", metavar="CORPUS", action="append",
                         help="dedup against an earlier corpus's signature index (repeat for several corpora; "
                              "default: none)")
+    parser.add_argument("--spans", metavar="MODE",
+                        help="after document dedup, cut spans repeated across documents, keeping each in one "
+                             "document chosen by --prefer: line, paragraph or sentences:N (N sentences at a time "
+                             "from the start of each line; C4's rule is sentences:3); see docs/DEDUP.md "
+                             "(default: off)")
+    parser.add_argument("--span-min-docs", type=int, metavar="K",
+                        help=f"with --spans: cut a span found in at least K documents (default: {defaults.span_min_docs})")
+    parser.add_argument("--span-min-chars", type=int, metavar="N",
+                        help="with --spans: never cut a span of fewer normalised characters "
+                             f"(default: {defaults.span_min_chars})")
+    parser.add_argument("--min-chars", type=int, metavar="N",
+                        help="with --spans: remove a document left with fewer characters once cut, unless it keeps "
+                             f"a repeated span for the corpus (reason: spans; default: {defaults.min_chars})")
     size_flag("--shard-bytes", "target shard size")
     size_flag("--row-group-bytes", "target row group size")
     parser.add_argument("--work-dir", metavar="URL",

@@ -49,6 +49,7 @@ CHECKSUM_ALGORITHM = "xxh3_128"
 JOB_FINGERPRINT_KEY = "job_fingerprint"  # in a manifest's ``extra``: which job wrote the corpus
 STATS_TABLE_KEY = "stats_table"  # in a manifest's ``extra``: {"files": [...]}, the statistics table
 PAIRS_KEY = "pairs"  # in a manifest's ``extra``: {"files": [...], ...}, the candidate pairs table (pairs_table.py)
+SPANS_CUT_KEY = "spans_cut"  # in a removed corpus's ``extra``: {"files": [...]}, the spans --spans cut
 
 
 @dataclass(frozen=True)
@@ -364,7 +365,7 @@ def manifest_location(url: str, fs: fsspec.AbstractFileSystem, root: str, name: 
 OWNED_PATTERNS = ("_manifest.json", "_manifest.json.tmp-*", "manifest.json", "manifest.json.tmp-*", "*.parquet.tmp-*", "part-*.parquet", "removed-*.parquet",
                   "_index/index-*.parquet", "_index/bands-*.parquet", "_index/*.tmp-*", "_rejects/rejects-*.parquet",
                   "_rejects/*.tmp-*", "_stats/stats-*.parquet", "_stats/*.tmp-*", "_blocks/blocks-*.parquet", "_work/*",
-                  "_pairs/pairs-*.parquet", "_pairs/*.tmp-*", "_lease.json", "_lease.json.tmp-*", "_retired.json",
+                  "_pairs/pairs-*.parquet", "_pairs/*.tmp-*", "_spans/cut-*.parquet", "_spans/index-*.parquet", "_spans/*.tmp-*", "_lease.json", "_lease.json.tmp-*", "_retired.json",
                   "_retired.json.tmp-*")
 
 
@@ -375,10 +376,10 @@ def is_owned_file(relative: str) -> bool:
 
 def manifest_extra_files(manifest: Manifest) -> list[str]:
     """The files besides shards that a manifest's ``extra`` names (signature index and its band files,
-    rejects, statistics table, candidate pairs table)."""
+    rejects, statistics table, candidate pairs table, spans cut, span index)."""
     files: list[Any] = []
     for key, lists in (("signature_index", ("files", "band_files")), (STATS_TABLE_KEY, ("files",)),
-                       (PAIRS_KEY, ("files",))):
+                       (PAIRS_KEY, ("files",)), (SPANS_CUT_KEY, ("files",)), ("span_index", ("files",))):
         entry = manifest.extra.get(key)
         if isinstance(entry, Mapping):
             for name in lists:

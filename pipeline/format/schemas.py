@@ -65,6 +65,12 @@ REJECT_SCHEMA = pa.schema([
     ("bytes", pa.int64()), ("count", pa.int64()), ("origin", pa.string()),
 ])
 
+# Beside a removed corpus (``_spans/``, listed in its manifest's ``extra.spans_cut.files``): one row per
+# span ``gristmill dedup --spans`` cut from a document it kept: where (code point offsets and UTF-8
+# bytes), the span's hash (16 hex digits) and the document that kept the span.
+SPANS_CUT_SCHEMA = pa.schema([("id", pa.string()), ("start", pa.int64()), ("end", pa.int64()),
+                              ("bytes", pa.int64()), ("span_hash", pa.string()), ("kept_by", pa.string())])
+
 # The statistics table beside a dedup corpus (``_stats/``): one row per (breakdown, key) with what
 # became of its documents; the manifest keeps only the totals and each breakdown's top keys.
 STATS_BREAKDOWNS = ("by_source", "by_domain", "by_language", "cluster_sizes")

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gristmill.dedup.spans import MIN_SPAN_CHARS, SpanMode, SpanModeError
 from gristmill.pipeline.format.signature_index import IndexParams, ParamsError, params_for
 from gristmill.pipeline.job.datasets import WORK_FOLDER
 from gristmill.pipeline.job.inputs.faults import with_client_retries
@@ -47,6 +48,10 @@ class DedupConfig:
     shard_bytes: int = 256 * 1024 * 1024
     row_group_bytes: int = 4 * 1024 * 1024
     prefer: str | list[str] = "longest"  # the survivor policy (pipeline.job.prefer); a list: ranked domains
+    spans: str | None = None  # span-level dedup after document dedup: line, paragraph or sentences:N
+    span_min_docs: int = 2  # a span cut is one in at least this many (kept) documents
+    span_min_chars: int = MIN_SPAN_CHARS  # spans of fewer normalised characters are never cut
+    min_chars: int = 50  # a document cut under this many characters is removed (reason: spans)
     keep_work: bool = False
     work_dir: str | None = None  # the intermediate results' folder (any fsspec URL); None: OUTPUT/_work
     overwrite: bool = False  # replace a committed corpus another job wrote in output/removed
@@ -58,6 +63,23 @@ class DedupConfig:
         self.against = list(dict.fromkeys(against))
         # an S3 client that retries throttles and resets itself, unless the user chose its retries
         self.storage_options = with_client_retries(self.storage_options or {}, self.urls)
+        if self.spans is not None:
+            try:
+                SpanMode.parse(self.spans)
+            except SpanModeError as exc:
+                raise DedupError(str(exc)) from None
+            if self.span_min_docs < 2 or min(self.span_min_chars, self.min_chars) < 0:
+                raise DedupError("--span-min-docs must be at least 2, --span-min-chars and --min-chars at least 0")
+
+    SPAN_FIELDS = ("spans", "span_min_docs", "span_min_chars", "min_chars")
+
+    @property
+    def span_options(self) -> dict[str, Any]:
+        """The span options, as the fingerprint and the manifest record them (none when --spans is off,
+        so a job without it keeps the fingerprint and the bytes it had before spans existed)."""
+        if self.spans is None:
+            return {}
+        return {name: getattr(self, name) for name in self.SPAN_FIELDS}
 
     @property
     def urls(self) -> list[str]:

@@ -29,6 +29,7 @@ from gristmill.pipeline.format.stats_table import STATS_FOLDER
 
 WORK_FOLDER = "_work"  # inside the output corpus; removed after success unless keep_work
 REJECTS_FOLDER = "_rejects"
+SPANS_CUT_FOLDER = "_spans"
 
 
 def split_name(split: int) -> str:
@@ -179,6 +180,12 @@ EXACT_CLUSTERS = BySplit("exact_clusters")  # EXACT_CLUSTER_SCHEMA: exact groups
 EARLIER_PROBE_DONE = Records("against/probe")
 EARLIER_KEYS = Shuffled("against/keys")  # earlier.KEY_SCHEMA: earlier documents a probe found, by pseudo-split
 EARLIER_FETCH_DONE = Records("against/fetch")  # then sigs/ of the pseudo-split: those documents' rows
+# spans (--spans): per split, then per span-hash partition (pipeline.job.spans)
+SPANS_MAP_DONE = Records("spans/map")
+SPAN_ROWS = PerSplit("spans/rows")  # spans.SPAN_ROWS_SCHEMA: every span of the split's kept documents
+SPANS_IN = Shuffled("spans_in")  # spans.SPANS_IN_SCHEMA: one row per (document, span hash), by hash
+SPANS_DONE = Records("spans/done")
+SPANS_OUT = BySplit("spans_out")  # spans.SPANS_OUT_SCHEMA: the spans each document loses, by split
 # write: per split
 WRITE_DONE = Records("write/done")
 SPLIT_STATS = PerSplit("stats")  # stats.SPLIT_STATS_SCHEMA, sorted by key hash
@@ -195,6 +202,16 @@ def index_file(split: int, fingerprint: str) -> str:
 def band_file(split: int, fingerprint: str) -> str:
     """The band file beside a split's signature index file, relative to the corpus folder."""
     return f"{INDEX_FOLDER}/bands-{split:05d}-{fingerprint[:12]}.parquet"
+
+
+def spans_cut_file(split: int, fingerprint: str) -> str:
+    """A split's record of the spans it cut (``--spans`` with ``--removed``), relative to the removed corpus."""
+    return f"{SPANS_CUT_FOLDER}/cut-{split:05d}-{fingerprint[:12]}.parquet"
+
+
+def span_index_file(split: int, fingerprint: str) -> str:
+    """A split's span index file (``--spans``: the spans its kept documents hold), relative to the corpus."""
+    return f"{SPANS_CUT_FOLDER}/index-{split:05d}-{fingerprint[:12]}.parquet"
 
 
 def rejects_file(fingerprint: str) -> str:

@@ -31,9 +31,10 @@ from gristmill.pipeline.format import (
     retire_unlisted,
     write_manifest,
 )
-from gristmill.pipeline.format.manifest import PAIRS_KEY
+from gristmill.pipeline.format.manifest import PAIRS_KEY, SPANS_CUT_KEY
 from gristmill.pipeline.format.schemas import with_columns
 from gristmill.pipeline.format.signature_index import IndexFile, IndexParams
+from gristmill.pipeline.format.span_index import SPAN_INDEX_KEY
 from gristmill.pipeline.job import components, extras
 from gristmill.pipeline.job.buckets import bucket_partition
 from gristmill.pipeline.job.clusters import run_clusters
@@ -44,6 +45,7 @@ from gristmill.pipeline.job.datasets import (
     EXACT_OUT,
     JOB_RECORD,
     REJECTS,
+    SPANS_OUT,
     TIMINGS,
     band_file,
     index_file,
@@ -67,7 +69,14 @@ from gristmill.pipeline.job.plan import against_index_files, claim_folders, job_
 from gristmill.pipeline.job.prefer import Preference, check_input_column, parse_preference
 from gristmill.pipeline.job.read import read_index_split, run_read
 from gristmill.pipeline.job.sign import sign_split
-from gristmill.pipeline.job.stats import final_stats, merge_counts, run_stats
+from gristmill.pipeline.job.spans import (
+    earlier_span_indexes,
+    run_spans,
+    span_partitions,
+    span_settings,
+    top_spans,
+)
+from gristmill.pipeline.job.stats import final_stats, merge_counts, run_stats, span_stats
 from gristmill.pipeline.job.tasks import Job, job_runner, map_splits
 from gristmill.pipeline.job.verify import run_verify
 from gristmill.pipeline.job.workdir import WorkDir
@@ -75,7 +84,7 @@ from gristmill.pipeline.job.write import write_split
 
 log = logging.getLogger("gristmill.dedup")
 
-STAGES = ("read", "exact", "sign", "against", "buckets", "verify", "cc", "clusters", "write", "stats")
+STAGES = ("read", "exact", "sign", "against", "buckets", "verify", "cc", "clusters", "spans", "write", "stats")
 # Arrow's mimalloc pool kept ~60 MB per worker of freed pages after each split; purging them at once
 # costs ~6% more CPU in the stages. (Arrow's system pool with glibc's mmap threshold fixed kept ~110 MB
 # less, but page faults on every fresh buffer cost ~30% more CPU; docs/PIPELINE.md, memory.) Set for
@@ -88,9 +97,9 @@ IN_PROCESS_BYTES = 8 * 1024 * 1024
 
 def job_stages(config: DedupConfig) -> tuple[str, ...]:
     """The stages ``run_dedup`` runs for ``config``, in order (``verify`` only when verifying, ``against``
-    only with ``--against``)."""
-    return tuple(stage for stage in STAGES
-                 if (stage != "verify" or config.verify) and (stage != "against" or config.against))
+    only with ``--against``, ``spans`` only with ``--spans``)."""
+    wanted = {"verify": config.verify, "against": bool(config.against), "spans": config.spans is not None}
+    return tuple(stage for stage in STAGES if wanted.get(stage, True))
 
 
 class JobProgress(Protocol):
@@ -199,7 +208,8 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
     # the context every task shares: without the plan (a read task is sent its own split) and without
     # the INPUT list, which can name as many files as the plan
     job = Job(dataclasses.replace(config, inputs=[]), params, work, index_files, fingerprint, len(splits), preference,
-              on_task=progress.task_done if progress is not None else None, in_process=in_process)
+              earlier_span_indexes(config), on_task=progress.task_done if progress is not None else None,
+              in_process=in_process)
 
     broker = start_exchange(work)  # on an object store, receivers get their rows through it
     run_tasks = job_runner(job)
@@ -256,8 +266,12 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
         seeded, linked = verified["seeded"], verified["verified"]
     cc = stage("cc", lambda: components.connected_components(job, seeded, linked, fine, run_tasks))
     stage("clusters", lambda: run_clusters(job, run_tasks, parts))
+    if config.spans is not None:
+        span_parts = span_partitions(sum(s.bytes for s in splits), config.num_partitions, config.partition_bytes)
+        stage("spans", lambda: run_spans(job, span_parts, run_tasks))
     written = stage("write", lambda: map_splits(lambda j, i: write_split(j, i, carried), job, job.split_indices,
-                                                receives=[EXACT_OUT, EXACT_CLUSTERS]))
+                                                receives=[EXACT_OUT, EXACT_CLUSTERS]
+                                                + ([SPANS_OUT] if config.spans is not None else [])))
     table = stage("stats", lambda: run_stats(job, sum(r["stats_rows"] for r in written), run_tasks))
     stop_exchange(broker)
 
@@ -267,12 +281,16 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
     stats = final_stats(totals, table, timings, resumed, {**cc, **edges}, params, config, time.time() - started,
                         len(splits), figures(job, exact, against) if against else None)
     stats["survivor_policy"] = preference.describe()
+    if config.spans is not None:
+        stats["spans"] = span_stats(config, totals, top_spans([record["top_spans"] for record in written]))
     shards = [ShardInfo.from_dict(s) for record in written for s in record["shards"]]
     index_names = [index_file(i, fingerprint) for i in job.split_indices]
     band_names = [band_file(i, fingerprint) for i in job.split_indices]
     extra = {"signature_index": {"files": index_names, "band_files": band_names, "params": dataclasses.asdict(params)},
              "rejects": rejects_file(fingerprint), STATS_TABLE_KEY: {"files": table["files"]},
              "job": _job_summary(config), JOB_FINGERPRINT_KEY: fingerprint}
+    if config.spans is not None:  # for later --spans --against jobs
+        extra[SPAN_INDEX_KEY] = {**span_settings(config), "files": [r["span_index_file"] for r in written]}
     if params.verify:  # the candidate pairs table verification kept, for clusters --what-if
         extra[PAIRS_KEY] = verified["pairs"]
     _collect_rejects(job, extra["rejects"])
@@ -281,7 +299,8 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
     if config.removed:
         removed_shards = [ShardInfo.from_dict(s) for record in written for s in record["removed_shards"]]
         write_manifest(config.removed, removed_shards, with_columns(REMOVED_SCHEMA, carried), stats=stats,
-                       extra={"removed_from": config.output, JOB_FINGERPRINT_KEY: fingerprint},
+                       extra={"removed_from": config.output, JOB_FINGERPRINT_KEY: fingerprint,
+                              **({SPANS_CUT_KEY: {"files": [r["spans_cut_file"] for r in written]}} if config.spans else {})},
                        storage_options=config.storage_options)
     committed = write_manifest(config.output, shards, with_columns(CORPUS_SCHEMA, carried), stats=stats, extra=extra,
                                storage_options=config.storage_options)
@@ -323,4 +342,7 @@ def _job_summary(config: DedupConfig) -> dict[str, Any]:
     """The options the run was given, as the manifest records them (without the storage options)."""
     summary = dataclasses.asdict(config)
     summary.pop("storage_options")
+    for name in DedupConfig.SPAN_FIELDS:  # absent when off: a job without --spans writes what it wrote before
+        if name not in config.span_options:
+            summary.pop(name)
     return summary

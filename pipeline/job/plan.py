@@ -28,6 +28,7 @@ def job_fingerprint(config: DedupConfig, params: IndexParams, splits: list[Split
         "id_column": config.id_column, "max_doc_bytes": config.max_doc_bytes, "removed": config.removed,
         "shard_bytes": config.shard_bytes, "row_group_bytes": config.row_group_bytes,
     }
+    payload.update(config.span_options)
     if preference != LONGEST:
         payload["prefer"] = preference.identity()
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()

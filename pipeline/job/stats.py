@@ -31,6 +31,7 @@ from gristmill.pipeline.format.sorted_parquet import groups_in_partition, open_c
 from gristmill.pipeline.format.stats_table import BREAKDOWNS, COUNTS, LOST_TO, TOP_KEYS, as_breakdown, rank
 from gristmill.pipeline.job.config import DedupConfig
 from gristmill.pipeline.job.datasets import REJECTS, SPLIT_STATS, STATS_DONE, stats_file
+from gristmill.pipeline.job.outcomes import EXACT_DUPLICATE, JOB_STATUSES, KEPT, NEAR_DUPLICATE
 from gristmill.pipeline.job.tasks import Job, run_once
 from gristmill.pipeline.job.workdir import WorkDir
 
@@ -45,39 +46,40 @@ _SOURCES = (("by_source", "origin"), ("by_domain", "domain"), ("by_language", "l
 
 
 def split_stats(job: Job, split_index: int, docs: pa.Table, status: np.ndarray, cluster_size: np.ndarray,
-                lengths: np.ndarray, survivor_domain: np.ndarray) -> dict[str, Any]:
-    """The split's totals for the driver (``lengths``: UTF-8 bytes per document; ``survivor_domain``:
-    the domain of each removed document's survivor); its breakdown table goes to ``SPLIT_STATS``
-    (``stats_rows`` says how many rows, to size the reduce)."""
-    from gristmill.dedup.core import STATUSES
-
+                lengths: np.ndarray, survivor_domain: np.ndarray, kept_lengths: np.ndarray) -> dict[str, Any]:
+    """The split's totals for the driver (``lengths``: UTF-8 bytes per document as read, ``kept_lengths``
+    as written, once ``--spans`` cut; ``survivor_domain``: the domain of each removed document's
+    survivor); its breakdown table goes to ``SPLIT_STATS`` (``stats_rows`` says how many rows, to size
+    the reduce)."""
     rejects = job.work.read_table(REJECTS.file(split_index))
-    totals: dict[str, Any] = {name: int(np.count_nonzero(status == i)) for i, name in enumerate(STATUSES)}
+    totals: dict[str, Any] = {name: int(np.count_nonzero(status == i)) for i, name in enumerate(JOB_STATUSES)}
     totals["bytes_in"] = int(lengths.sum())
-    totals["bytes_kept"] = int(lengths[status == 0].sum())
+    totals["bytes_kept"] = int(kept_lengths[status == KEPT].sum())
+    totals["bytes_removed"] = int(lengths[status != KEPT].sum())
     kinds = rejects.group_by("kind").aggregate([("count", "sum")]).to_pylist()
     by_kind = {row["kind"]: int(row["count_sum"]) for row in kinds}
     totals["rejected"] = {kind: by_kind.get(kind, 0) for kind in REJECT_KINDS}
     totals["rejected_bytes"] = int(pc.sum(rejects["bytes"]).as_py() or 0)
-    table = _split_table(docs, status, cluster_size, lengths, rejects, survivor_domain)
+    table = _split_table(docs, status, cluster_size, lengths, kept_lengths, rejects, survivor_domain)
     with job.work.table_writer(SPLIT_STATS.file(split_index), SPLIT_STATS_SCHEMA) as writer:
         writer.write_table(table, row_group_size=STATS_GROUP_ROWS)
     return {"totals": totals, "stats_rows": table.num_rows}
 
 
 def _split_table(docs: pa.Table, status: np.ndarray, cluster_size: np.ndarray, lengths: np.ndarray,
-                 rejects: pa.Table, survivor_domain: np.ndarray) -> pa.Table:
-    """One row per (breakdown, key) of the split with its counts, sorted by the hash of (breakdown, key)."""
+                 kept_lengths: np.ndarray, rejects: pa.Table, survivor_domain: np.ndarray) -> pa.Table:
+    """One row per (breakdown, key) of the split with its counts, sorted by the hash of (breakdown, key).
+    A document removed for its spans counts in ``input`` only (no breakdown column names its outcome)."""
     n = docs.num_rows
     zeros = np.zeros(n, np.int64)
     kept = (status == 0).astype(np.int64)
     counts = {"input": np.ones(n, np.int64), "kept": kept, "exact_duplicate": (status == 1).astype(np.int64),
               "near_duplicate": (status == 2).astype(np.int64), "rejected": zeros,
-              "input_bytes": lengths.astype(np.int64), "kept_bytes": lengths * kept, "rejected_bytes": zeros}
+              "input_bytes": lengths.astype(np.int64), "kept_bytes": kept_lengths * kept, "rejected_bytes": zeros}
     parts = []
     for breakdown, column in _SOURCES:
         parts.append(_rows(breakdown, _named(docs[column]), counts))
-    removed = status != 0  # lost_to: "loser domain -> survivor domain", one row per removed document
+    removed = (status == EXACT_DUPLICATE) | (status == NEAR_DUPLICATE)  # lost_to: "loser domain -> survivor domain"
     pairs = pc.binary_join_element_wise(_named(docs["domain"].filter(pa.array(removed))),
                                         _named(pa.array(survivor_domain[removed], pa.string())), " -> ")
     parts.append(_rows(LOST_TO, pairs, {name: values[removed] for name, values in counts.items()}))
@@ -180,11 +182,12 @@ def final_stats(totals: dict[str, Any], table: Mapping[str, Any], timings: Mappi
     rejected = dict(totals.get("rejected", {}))
     documents = {
         "input": totals.get("kept", 0) + totals.get("exact_duplicate", 0) + totals.get("near_duplicate", 0)
-        + sum(rejected.values()),
+        + totals.get("spans", 0) + sum(rejected.values()),
         "kept": totals.get("kept", 0),
         "exact_duplicate": totals.get("exact_duplicate", 0),
         "near_duplicate": totals.get("near_duplicate", 0),
         "rejected": sum(rejected.values()),
+        **({"spans": totals.get("spans", 0)} if config.spans is not None else {}),
     }
     return {
         "documents": documents,
@@ -202,4 +205,19 @@ def final_stats(totals: dict[str, Any], table: Mapping[str, Any], timings: Mappi
         "splits": splits,  # the splits the input was cut into: one read task each
         "params": {**dataclasses.asdict(params), "against": config.against},
         **({"against": dict(against)} if against is not None else {}),
+    }
+
+
+def span_stats(config: DedupConfig, totals: Mapping[str, Any], top: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``--spans`` did, as the manifest records it: the bytes identity (input bytes = kept + cut as
+    spans + removed documents' bytes, rejected records apart), spans and bytes cut, documents removed
+    for ``spans``, and the most repeated spans with the documents each was found in."""
+    spans = dict(totals.get("spans_totals", {}))
+    return {
+        **config.span_options,
+        "spans_cut": spans.get("spans_cut", 0), "bytes_cut": spans.get("bytes_cut", 0),
+        "documents_cut": spans.get("documents_cut", 0), "documents_removed": totals.get("spans", 0),
+        "bytes": {"input_documents": totals.get("bytes_in", 0), "kept": totals.get("bytes_kept", 0),
+                  "cut_as_spans": spans.get("bytes_cut", 0), "removed_documents": totals.get("bytes_removed", 0)},
+        "top": top,
     }

@@ -36,6 +36,7 @@ class Job:
     fingerprint: str
     num_splits: int  # splits of the new input, numbered after the index files' pseudo-splits
     preference: Preference = LONGEST  # the survivor policy, parsed (a domain file read) by the driver
+    span_index_urls: list[str] = field(default_factory=list)  # --spans --against: the earlier corpora's span indexes
     # the driver's progress: called with each finished task's result (never sent to a task)
     on_task: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False, compare=False)
     in_process: bool = False  # a small job on a local work folder: tasks run here, one after another, no Ray

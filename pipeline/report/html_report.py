@@ -410,6 +410,23 @@ def _lost_to_section(lost_to: Mapping[str, Mapping[str, int]], policy: str, top:
         + "</div>")
 
 
+def _spans_section(spans: Mapping[str, Any], top: int) -> str:
+    """What ``--spans`` cut, and the most repeated spans with the documents each was found in."""
+    size = spans.get("bytes") or {}
+    rows = list(spans.get("top") or [])[:top]
+    table = "".join(f"<tr><td>{_e(' '.join(str(span.get('text', '')).split()))}</td><td>{span.get('docs', 0):,}</td>"
+                    f"<td><code>{_e(span.get('hash'))}</code></td></tr>" for span in rows)
+    return _section(f"Spans cut ({_e(spans.get('spans'))})", "<div class='row'>" + _figure(
+        "chart-spans", horizontal_bars([(" ".join(str(s.get("text", "")).split())[:60], int(s.get("docs", 0)))
+                                        for s in rows], "documents holding each of the most repeated spans"),
+        f"{spans.get('spans_cut', 0):,} spans ({_e(human_bytes(spans.get('bytes_cut', 0)))}) cut from "
+        f"{spans.get('documents_cut', 0):,} documents; {spans.get('documents_removed', 0):,} documents removed with "
+        f"too little left. Bytes in {size.get('input_documents', 0):,} = kept {size.get('kept', 0):,} + cut as spans "
+        f"{size.get('cut_as_spans', 0):,} + removed documents {size.get('removed_documents', 0):,}. Each span is "
+        "kept in one document; <code>gristmill spans REMOVED HASH</code> lists where it was cut.")
+        + f"<table><tr><th>span</th><th>documents</th><th>hash</th></tr>{table}</table></div>")
+
+
 def _histogram_sections(data: ReportData, threshold: float) -> list[str]:
     sections = []
     if data.similarities:
@@ -489,6 +506,8 @@ def render_html(stats: Mapping[str, Any], data: ReportData | None = None, *, tit
     if lost_to:
         sections.append(_lost_to_section(lost_to, str(stats.get("survivor_policy", "longest")), top,
                                          key_count(stats, "lost_to")))
+    if stats.get("spans"):
+        sections.append(_spans_section(stats["spans"], top))
     seconds = stats.get("stage_seconds") or {}
     if seconds:
         resumed = stats.get("resumed_stages") or []

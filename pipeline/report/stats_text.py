@@ -59,12 +59,33 @@ def _lost_to(stats: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _spans(stats: Mapping[str, Any]) -> list[str]:
+    """What ``--spans`` cut: bytes and spans, documents removed for it, and the most repeated spans (the
+    boilerplate list a user reads to judge the pass)."""
+    spans = stats.get("spans")
+    if not spans:
+        return []
+    size = spans.get("bytes", {})
+    lines = [f"spans      {spans.get('spans')}: {spans.get('spans_cut', 0):,} cut from {spans.get('documents_cut', 0):,} "
+             f"documents, {human_bytes(spans.get('bytes_cut', 0))}; {spans.get('documents_removed', 0):,} documents "
+             f"removed (under {spans.get('min_chars')} characters once cut)",
+             f"  bytes in {size.get('input_documents', 0):,} = kept {size.get('kept', 0):,} + cut as spans "
+             f"{size.get('cut_as_spans', 0):,} + removed documents {size.get('removed_documents', 0):,}"]
+    top = spans.get("top") or []
+    if top:
+        lines.append(f"{'most repeated spans':<58} {'documents':>10}  hash")
+        for span in top[:TOP]:
+            text = " ".join(str(span.get("text", "")).split())
+            lines.append(f"  {text[:56]:<56} {span.get('docs', 0):>10,}  {span.get('hash')}")
+    return lines
+
+
 def render(stats: Mapping[str, Any]) -> str:
     """People-readable lines for the statistics ``run_dedup`` puts in a manifest."""
     docs = stats.get("documents", {})
     total = docs.get("input", 0) or 1
     lines = [f"documents  {docs.get('input', 0):,} in"]
-    for name in ("kept", "exact_duplicate", "near_duplicate", "rejected"):
+    for name in ("kept", "exact_duplicate", "near_duplicate", *(["spans"] if "spans" in docs else []), "rejected"):
         lines.append(f"  {name:<16} {docs.get(name, 0):>12,}  {100 * docs.get(name, 0) / total:5.1f}%")
     rejected = {k: v for k, v in stats.get("rejected", {}).items() if v}
     if rejected:
@@ -79,6 +100,7 @@ def render(stats: Mapping[str, Any]) -> str:
     for breakdown in ("by_source", "by_domain", "by_language"):
         lines += _table(breakdown.replace("_", " "), stats.get(breakdown, {}), key_count(stats, breakdown))
     lines += _lost_to(stats)
+    lines += _spans(stats)
     if "splits" in stats:
         lines.append(f"splits     {stats['splits']:,} (read tasks)")
     seconds = stats.get("stage_seconds", {})
