@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from functools import partial
 from typing import Any
 from urllib.parse import urljoin
 
 from . import sitemaps
-from .commits import SHARD_PREFIX, CommitLoop, Committer
 from .config import CrawlConfig, CrawlSummary
 from .exchange import PartitionExchange
 from .extract import ExtractionError
@@ -35,17 +32,17 @@ from .fetch import (
     UnresolvableHost,
     retry_after_seconds,
 )
-from .frontier import KIND_PAGE, KIND_SITEMAP, Frontier, Request, ResultLog
+from .frontier import KIND_PAGE, KIND_SITEMAP, Request
 from .hub import Hub
 from .oracle import DuplicateOracle
 from .pages import OK, PageProcessor
 from .partitions import Link, Partition
+from .persistence import Persistence
 from .progress import progress_line
 from .proxies import NoProxyAvailable, ProxyPool
 from .robots import Robots, fetch_robots
 from .safety import AddressPolicy
 from .schedule import ROBOTS, Host, HostScheduler
-from .state import STATE_FILE, Checkpoint, is_remote, local_folder, state_url
 from .urls import BadURL, normalize_url, origin_of, site_of
 
 log = logging.getLogger("gristmill.crawl")
@@ -69,17 +66,8 @@ class Crawler:
         self.output = output
         self.seeds = list(seeds)
         self.on_progress = on_progress
-        if partition is not None:
-            folder, durable = partition.folder, partition.checkpoint
-        else:
-            durable = state_url(output, self.config.state_dir)
-            folder = local_folder(durable)
-            durable = durable if is_remote(durable) else None
-        os.makedirs(folder, exist_ok=True)
-        self.state_path = os.path.join(folder, STATE_FILE)
-        self.checkpoint = Checkpoint(durable, self.config.storage_options) if durable is not None else None
-        self.frontier = Frontier(self.state_path, self.config.synchronous,
-                                 restore=self.checkpoint.restore if self.checkpoint is not None else None)
+        self.persistence = Persistence(output, self.config, partition, hub)
+        self.frontier = self.persistence.frontier
         self._wake = asyncio.Event()
         self.scheduler = HostScheduler(self.config, self.frontier, time.monotonic, self._wake.set)
         self._stopping = False
@@ -111,22 +99,11 @@ class Crawler:
     async def run(self) -> CrawlSummary:
         cfg = self.config
         started = time.monotonic()
-        self.results = ResultLog(self.state_path, cfg.synchronous)
         part = self.partition
-        committer = Committer(self.output, self.results, shard_bytes=cfg.shard_bytes,
-                              row_group_bytes=cfg.row_group_bytes, warc=cfg.warc,
-                              storage_options=cfg.storage_options,
-                              prefix=part.shard_prefix if part else SHARD_PREFIX,
-                              segment=partial(self.hub.publish, part.index) if self.hub and part else None,
-                              checkpoint=self._checkpoint if self.checkpoint is not None else None)
         self.exchange = None if self.hub is None or part is None else PartitionExchange(
-            self.hub, part, self.frontier, self._admit_link, self._error, deferred=self.checkpoint is not None)
-        self.commits = CommitLoop(committer, self.frontier, cfg, self._error,
-                                  self.exchange.swap if self.exchange is not None else None)
-        if self.exchange is not None:
-            self.exchange.join()
-        for orphan in committer.remove_orphans():
-            log.info("removed %s: written by an interrupted commit, never listed by a manifest", orphan)
+            self.hub, part, self.frontier, self._admit_link, self._error,
+            deferred=self.persistence.checkpoint is not None)
+        self.commits = self.persistence.start(self.exchange, self._error)
         if cfg.retry_parked:
             self.frontier.unpark_all()
         self.fetcher = Fetcher(cfg.user_agent, FetchLimits(cfg.max_body_bytes, cfg.max_decompressed_bytes,
@@ -160,11 +137,7 @@ class Crawler:
                 await self.commits.finish()
             finally:
                 summary = self._summary(time.monotonic() - started)
-                self.frontier.close()
-                self.results.close()
-                if self.checkpoint is not None:
-                    self.checkpoint.close()
-                    self.checkpoint.discard(self.state_path)  # a restart starts from the store's copy anyway
+                self.persistence.close()
         return summary
 
     def enqueue(self, urls: Iterable[str], depth: int = 0) -> int:
@@ -514,19 +487,6 @@ class Crawler:
         if not link.scoped and link.depth == 0:
             self._scope.add(site_of(url))  # a seed's redirect target: its site joins the scope
         self._admit(url, link.depth, link.kind, link.via, link.hops, link.scoped)
-
-    def _checkpoint(self) -> None:
-        """Save the frontier to the store (in the commit's thread), then acknowledge the links it holds."""
-        assert self.checkpoint is not None
-        taken = self.exchange.checkpointing() if self.exchange is not None else []
-        try:
-            self.checkpoint.save(self.state_path)
-        except BaseException:
-            if self.exchange is not None:
-                self.exchange.not_checkpointed(taken)
-            raise
-        if self.exchange is not None:
-            self.exchange.checkpointed(taken)
 
     async def _idle(self) -> bool:
         """Nothing queued: pass links on, and wait for links from the other partitions until
