@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urljoin
 
 from . import sitemaps
+from .admission import Admission
 from .config import CrawlConfig, CrawlSummary
 from .exchange import PartitionExchange
 from .extract import ExtractionError
@@ -36,14 +37,14 @@ from .frontier import KIND_PAGE, KIND_SITEMAP, Request
 from .hub import Hub
 from .oracle import DuplicateOracle
 from .pages import OK, PageProcessor
-from .partitions import Link, Partition
+from .partitions import Partition
 from .persistence import Persistence
 from .progress import progress_line
 from .proxies import NoProxyAvailable, ProxyPool
 from .robots import Robots, fetch_robots
 from .safety import AddressPolicy
 from .schedule import ROBOTS, Host, HostScheduler
-from .urls import BadURL, normalize_url, origin_of, site_of
+from .urls import BadURL, normalize_url, site_of
 
 log = logging.getLogger("gristmill.crawl")
 
@@ -74,7 +75,6 @@ class Crawler:
         self._inflight = 0
         self._pages_in_flight = 0  # page requests dispatched and not yet stored or given up (max_pages)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._scope: set[str] = set()
         self._status = Counter[str]()
         self._errors: list[str] = []
         self._bytes = 0
@@ -82,6 +82,7 @@ class Crawler:
         self._fetched = 0
         self._documents = 0
         self.pages = PageProcessor(self.config, oracle, self._error)
+        self.admission = Admission(self.config, self.frontier, self.scheduler, partition, self._error)
 
     # -- public ------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -101,7 +102,7 @@ class Crawler:
         started = time.monotonic()
         part = self.partition
         self.exchange = None if self.hub is None or part is None else PartitionExchange(
-            self.hub, part, self.frontier, self._admit_link, self._error,
+            self.hub, part, self.frontier, self.admission.admit_link, self._error,
             deferred=self.persistence.checkpoint is not None)
         self.commits = self.persistence.start(self.exchange, self._error)
         if cfg.retry_parked:
@@ -118,7 +119,7 @@ class Crawler:
         background: list[asyncio.Task[None]] = []
         try:
             self.commits.publish()
-            self._admit_seeds()
+            self.admission.admit_seeds(self.seeds)
             self._load_hosts()
             background = [asyncio.create_task(self.commits.run()),
                           asyncio.create_task(self._progress_loop(started))]
@@ -142,70 +143,9 @@ class Crawler:
 
     def enqueue(self, urls: Iterable[str], depth: int = 0) -> int:
         """Admit more URLs (seed-like: in scope, under the trap limits); returns how many were new."""
-        added = 0
-        with self.frontier.transaction():
-            for url in self._scoped_seeds(urls):
-                added += self._admit(url, depth) is None
-        return added
+        return self.admission.enqueue(urls, depth)
 
-    # -- admission ---------------------------------------------------------------------------
-    def _scoped_seeds(self, urls: Iterable[str]) -> Iterable[str]:
-        """Seed URLs normalised, their sites put in scope; a malformed one, or one longer than
-        ``max_url_length`` (the limit every discovered URL meets), is recorded as an error."""
-        for raw in urls:
-            try:
-                url = normalize_url(raw)
-            except BadURL as exc:
-                self._error(f"seed {exc}")
-                continue
-            if len(url) > self.config.max_url_length:
-                self._error(f"seed {url[:80]!r}...: {len(url)} characters, over max_url_length "
-                            f"({self.config.max_url_length})")
-                continue
-            self._scope.add(site_of(url))
-            yield url
-
-    def _owns(self, url: str) -> bool:
-        return self.partition is None or self.partition.owner(url) == self.partition.index
-
-    def _admit_seeds(self) -> None:
-        with self.frontier.transaction():
-            for url in self._scoped_seeds(self.seeds):
-                if not self._owns(url):
-                    continue  # every partition gets every seed: all seed hosts are in everyone's scope
-                kind = KIND_SITEMAP if sitemaps.looks_like_sitemap(url) else KIND_PAGE
-                self.frontier.add(url, origin_of(url), 0, kind)
-        for row in self.frontier.db.execute("SELECT DISTINCT url FROM urls WHERE depth = 0"):
-            self._scope.add(site_of(row[0]))
-
-    def _admit(self, url: str, depth: int, kind: int = KIND_PAGE, via: str | None = None, hops: int = 0,
-               scoped: bool = True) -> str | None:
-        """Add a discovered URL under the trap limits; returns why it was refused, or None."""
-        cfg = self.config
-        if self.frontier.recently_seen(url):
-            return "seen"
-        if len(url) > cfg.max_url_length:
-            return "url too long"
-        if depth > cfg.max_depth:
-            return "too deep"
-        if self.partition is not None and (owner := self.partition.owner(url)) != self.partition.index:
-            self.frontier.send(owner, url, depth, kind, via, hops, scoped)  # the owner checks scope and seen
-            return None
-        if scoped and cfg.follow == "same-host" and site_of(url) not in self._scope:
-            return "out of scope"
-        origin = origin_of(url)
-        if self.frontier.admitted(origin) >= cfg.max_pages_per_host:
-            return "host page limit"
-        request = self.frontier.add(url, origin, depth, kind, via, hops)
-        if request is None:
-            return "seen"
-        host = self.scheduler.host(request.host)
-        if host.parked:
-            self.frontier.park_host(host.id, host.parked, host.park_outcome)
-            return None
-        self.scheduler.admitted(request)
-        return None
-
+    # -- scheduling --------------------------------------------------------------------------
     def _load_hosts(self) -> None:
         for host_id in self.frontier.queued_hosts():
             self.scheduler.schedule(self.scheduler.host(host_id))
@@ -354,7 +294,7 @@ class Crawler:
             with self.frontier.transaction():
                 for link in robots.sitemaps:
                     try:
-                        self._admit(normalize_url(link), 0, KIND_SITEMAP)
+                        self.admission.admit(normalize_url(link), 0, KIND_SITEMAP)
                     except BadURL:
                         continue
 
@@ -435,8 +375,8 @@ class Crawler:
             return
         with self.frontier.transaction():
             if request.depth == 0:
-                self._scope.add(site_of(target))  # a seed's redirect target joins the scope
-            refused = self._admit(target, request.depth, request.kind, request.via or request.url,
+                self.admission.scope.add(site_of(target))  # a seed's redirect target joins the scope
+            refused = self.admission.admit(target, request.depth, request.kind, request.via or request.url,
                                   request.hops + 1, scoped=request.depth > 0)
             if refused == "seen":
                 self.frontier.finish(request, "redirect: target already seen (loop or duplicate)")
@@ -454,7 +394,7 @@ class Crawler:
             return
         with self.frontier.transaction():
             for link, is_index in entries:
-                self._admit(link, 0, KIND_SITEMAP if is_index else KIND_PAGE)
+                self.admission.admit(link, 0, KIND_SITEMAP if is_index else KIND_PAGE)
             self.frontier.finish(request, "sitemap")
 
     async def _page(self, request: Request, response: Response, reserved: int) -> None:
@@ -470,24 +410,13 @@ class Crawler:
                 self.frontier.store_result(request, page.row, page.warc)
             self.frontier.finish(request, page.outcome)
             for link in page.links:
-                self._admit(link, request.depth + 1)
+                self.admission.admit(link, request.depth + 1)
         self._fetched += 1
         if page.outcome == OK:
             self._documents += 1
             self.commits.stored()
 
     # -- partitions --------------------------------------------------------------------------------
-    def _admit_link(self, link: Link) -> None:
-        """A link another partition found for a host of this one (inside the exchange's transaction)."""
-        try:
-            url = normalize_url(link.url)
-        except BadURL as exc:
-            self._error(f"link from partition exchange: {exc}")
-            return
-        if not link.scoped and link.depth == 0:
-            self._scope.add(site_of(url))  # a seed's redirect target: its site joins the scope
-        self._admit(url, link.depth, link.kind, link.via, link.hops, link.scoped)
-
     async def _idle(self) -> bool:
         """Nothing queued: pass links on, and wait for links from the other partitions until
         the coordinator says every partition is idle and no link is on its way (False: stop)."""
