@@ -38,7 +38,7 @@ from gristmill.crawlers.commits import crawl_stats
 from gristmill.crawlers.crawler import Crawler, CrawlConfig
 out, calls = sys.argv[1], int(sys.argv[2])
 crawler = Crawler([], out, CrawlConfig())
-crawler._load_hosts()
+crawler.fetching.load_hosts()
 rss_mb = psutil.Process().memory_info().rss / 2**20  # before the old query's sort can raise it
 def median_ms(call):
     times = []
