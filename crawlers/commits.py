@@ -164,7 +164,7 @@ class CommitLoop:
     one commit at a time in a thread (the rows are durable in the frontier already, so nothing
     waits for a shard), publishing when :func:`publish_due`, and once more at the end.
 
-    ``config`` is a :class:`~crawlers.crawler.CrawlConfig`; ``before_commit`` runs on the event loop
+    ``config`` is a :class:`~gristmill.crawlers.config.CrawlConfig`; ``before_commit`` runs on the event loop
     before each commit (a partition hands its links over then).
     """
 

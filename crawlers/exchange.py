@@ -1,9 +1,9 @@
 """One partition's side of the hub (:mod:`gristmill.crawlers.hub`): links out and in, status, the stop.
 
-Why apart from the crawl loop: the crawler (:mod:`gristmill.crawlers.crawler`) fetches and stores
+Why apart from the crawl loop: the fetch loop (:mod:`gristmill.crawlers.fetch_loop`) fetches and stores
 whatever its frontier holds; what a partition adds is talking to the others, and this object is all
 of it: it hands the frontier's outbox to the hub, admits the links handed to it (through the
-crawler's own admission, passed in), reports idle or busy with an epoch, and says when the
+crawl's :mod:`gristmill.crawlers.admission`, passed in), reports idle or busy with an epoch, and says when the
 coordinator has stopped the crawl. Links taken from the hub are acknowledged only after they are
 admitted and the partition has reported itself busy (so the coordinator never sees them gone while
 the partition looks idle), and with the state on a store only after the next checkpoint holds them.

@@ -49,7 +49,7 @@ class Page:
 
 
 class PageProcessor:
-    """Turns responses into :class:`Page` results; ``config`` is a :class:`~crawlers.crawler.CrawlConfig`.
+    """Turns responses into :class:`Page` results; ``config`` is a :class:`~gristmill.crawlers.config.CrawlConfig`.
 
     The extraction workers start only when :meth:`start` is called (the crawl's first dispatch), so a
     re-run of a finished crawl starts none. :meth:`process` raises :class:`ExtractionError` only when
