@@ -3,11 +3,14 @@
 The job runs on moto's S3 server behind the counting proxy (benchmarks/shaped_store.py) with more
 partitions than splits, so a shuffle whose receivers read every sender (S x P) cannot meet a bound
 that grows as S + P (``stage_requests`` in benchmarks/pipeline_requests.py, docs/BENCHMARKS.md).
-Counts, not times; and the bytes the read stage downloads of a cut input file.
+The statistics stage gets as many reducers as the other shuffles (``STATS_ROWS_PER_TASK`` lowered),
+so its reducers reading every split's table (S x P_stats) cannot fit either. Counts, not times; and
+the bytes the read stage downloads of a cut input file.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -16,9 +19,11 @@ import pytest
 import s3fs
 
 from gristmill.pipeline.format import Corpus
+from gristmill.pipeline.format.stats_table import BREAKDOWNS
 from gristmill.pipeline.job import DedupConfig, run_dedup, workdir
+from gristmill.pipeline.job import stats as job_stats
 from gristmill.pipeline.job.inputs.streams import TAIL_BYTES
-from tests.test_pipeline_data import documents, write_jsonl
+from tests.test_pipeline_data import documents
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from pipeline_requests import KINDS, StageMarks, stage_requests  # noqa: E402
@@ -41,17 +46,25 @@ def _run(store: ShapedStore, bucket: str, inputs: Path, split_bytes: int) -> tup
 
 
 def test_requests_per_stage_grow_as_splits_plus_partitions_not_their_product(
-        ray_local: None, store: ShapedStore, s3_bucket: str, tmp_path: Path) -> None:
+        ray_local: None, store: ShapedStore, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = documents(96)
+    # at most one row per breakdown per document: PARTITIONS statistics reducers, and one domain per
+    # document, so that reducers reading every split's table (S x P_stats) would have several too
+    monkeypatch.setattr(job_stats, "STATS_ROWS_PER_TASK", -(-len(texts) * len(BREAKDOWNS) // PARTITIONS))
     inputs = tmp_path / "in"
     inputs.mkdir()
-    write_jsonl(inputs / "docs.jsonl", documents(96))
+    (inputs / "docs.jsonl").write_text("".join(json.dumps({"id": str(i), "text": text, "domain": f"d{i}.example"})
+                                               + "\n" for i, text in enumerate(texts)))
     split_bytes = (inputs / "docs.jsonl").stat().st_size // SPLITS + 1  # the file cut into SPLITS pieces
     per_stage, stats = _run(store, s3_bucket, inputs, split_bytes)
     splits = stats["splits"]
     assert splits == SPLITS and splits * PARTITIONS > 4 * (splits + PARTITIONS)  # a product could not fit
-    over = {stage: (sum(counts.values()), stage_requests(stage, splits, PARTITIONS))
-            for stage, counts in per_stage.items()
-            if sum(counts.values()) > stage_requests(stage, splits, PARTITIONS)}
+    remote = Corpus.open(f"{s3_bucket}/out", {"client_kwargs": {"endpoint_url": store.endpoint}})
+    partitions = {"stats": len(remote.manifest.extra["stats_table"]["files"])}  # one file per reducer
+    assert partitions["stats"] > 1
+    bound = {stage: stage_requests(stage, splits, partitions.get(stage, PARTITIONS)) for stage in per_stage}
+    over = {stage: (sum(counts.values()), bound[stage]) for stage, counts in per_stage.items()
+            if sum(counts.values()) > bound[stage]}
     assert not over, over  # stage: (measured, model)
     kinds = sum(per_stage.values(), Counter())
     assert set(kinds) <= set(KINDS) and kinds["COPY"] == 0  # final names written directly: no rename
@@ -66,7 +79,6 @@ def test_requests_per_stage_grow_as_splits_plus_partitions_not_their_product(
     # and the corpus is the one a local run gives
     local = tmp_path / "local"
     run_dedup(DedupConfig(inputs=[str(inputs)], output=str(local), split_bytes=split_bytes, num_partitions=PARTITIONS))
-    remote = Corpus.open(f"{s3_bucket}/out", {"client_kwargs": {"endpoint_url": store.endpoint}})
     kept = remote.to_table(columns=["id"])["id"].to_pylist()
     assert kept == Corpus.open(str(local)).to_table(columns=["id"])["id"].to_pylist()
     assert len(kept) < 96  # near and exact copies were removed

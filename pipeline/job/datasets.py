@@ -188,7 +188,7 @@ SPANS_DONE = Records("spans/done")
 SPANS_OUT = BySplit("spans_out")  # spans.SPANS_OUT_SCHEMA: the spans each document loses, by split
 # write: per split
 WRITE_DONE = Records("write/done")
-SPLIT_STATS = PerSplit("stats")  # stats.SPLIT_STATS_SCHEMA, sorted by key hash
+STATS_IN = Shuffled("stats_in")  # STATS_SCHEMA: each split's rows per (breakdown, key), by key-hash range
 # stats: per key-hash range, into stats_file()
 STATS_DONE = Records("stats/done")
 

@@ -76,7 +76,7 @@ from gristmill.pipeline.job.spans import (
     span_settings,
     top_spans,
 )
-from gristmill.pipeline.job.stats import final_stats, merge_counts, run_stats, span_stats
+from gristmill.pipeline.job.stats import final_stats, merge_counts, run_stats, span_stats, stats_partitions
 from gristmill.pipeline.job.tasks import Job, job_runner, map_splits
 from gristmill.pipeline.job.verify import run_verify
 from gristmill.pipeline.job.workdir import WorkDir
@@ -269,10 +269,12 @@ def _run_leased(config: DedupConfig, params: IndexParams, preference: Preference
     if config.spans is not None:
         span_parts = span_partitions(sum(s.bytes for s in splits), config.num_partitions, config.partition_bytes)
         stage("spans", lambda: run_spans(job, span_parts, run_tasks))
-    written = stage("write", lambda: map_splits(lambda j, i: write_split(j, i, carried), job, job.split_indices,
+    stats_parts = stats_partitions(sum(r["docs"] for r in read), sum(r.get("rejected", 0) for r in read))
+    written = stage("write", lambda: map_splits(lambda j, i: write_split(j, i, carried, stats_parts), job,
+                                                job.split_indices,
                                                 receives=[EXACT_OUT, EXACT_CLUSTERS]
                                                 + ([SPANS_OUT] if config.spans is not None else [])))
-    table = stage("stats", lambda: run_stats(job, sum(r["stats_rows"] for r in written), run_tasks))
+    table = stage("stats", lambda: run_stats(job, stats_parts, run_tasks))
     stop_exchange(broker)
 
     totals: dict[str, Any] = {}

@@ -1,11 +1,12 @@
 """The job's statistics, summed by tasks: the driver adds up only a few totals.
 
 Per split, the write task (:func:`split_stats`) returns the split's totals (documents by outcome,
-bytes, rejects by kind) and writes a table of every breakdown key with its counts
-(``_work/stats/s=S.parquet``, sorted by a hash of (breakdown, key), in small row groups). Then one
-task per range of that hash (:func:`reduce_stats`; as many ranges as the split tables' rows need)
-reads its range of every split's table (STATS_READS_AT_ONCE at a time: S x ranges small reads in all,
-the one shuffle of the job still S x P, docs/SCALE.md), sums each key, writes one file of the statistics table beside
+bytes, rejects by kind) and sends one row per breakdown key with its counts to the statistics shuffle
+(``STATS_IN``, by range of a hash of (breakdown, key): one partitioned file per split). Then one task
+per range (:func:`reduce_stats`; :func:`stats_partitions` of them, fixed before ``write`` from the rows
+read) receives its range of every split through the job's exchange, like every other shuffle (on an
+object store S GETs in all, whatever the ranges: the stage's requests are O(S + P), where reading a
+range of every split's table was S x P), sums each key, writes one file of the statistics table beside
 the corpus (``_stats/``, ``gristmill.pipeline.format.stats_table``) and returns its range's top keys. The driver
 merges those top keys (at most ``TOP_KEYS`` per range and breakdown) and :func:`final_stats` builds
 what the manifest records: totals, the top keys of each breakdown and how many keys each has. A
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -27,30 +27,32 @@ import xxhash
 from gristmill.pipeline.format import REJECT_KINDS
 from gristmill.pipeline.format.schemas import STATS_SCHEMA
 from gristmill.pipeline.format.signature_index import IndexParams
-from gristmill.pipeline.format.sorted_parquet import groups_in_partition, open_counted, range_partition
+from gristmill.pipeline.format.sorted_parquet import range_partition
 from gristmill.pipeline.format.stats_table import BREAKDOWNS, COUNTS, LOST_TO, TOP_KEYS, as_breakdown, rank
 from gristmill.pipeline.job.config import DedupConfig
-from gristmill.pipeline.job.datasets import REJECTS, SPLIT_STATS, STATS_DONE, stats_file
+from gristmill.pipeline.job.datasets import REJECTS, STATS_DONE, STATS_IN, split_name, stats_file
 from gristmill.pipeline.job.outcomes import EXACT_DUPLICATE, JOB_STATUSES, KEPT, NEAR_DUPLICATE
 from gristmill.pipeline.job.tasks import Job, run_once
 from gristmill.pipeline.job.workdir import WorkDir
 
 BYTES_PER_TOKEN = 4  # the approximate-token statistic: UTF-8 bytes / 4
-SPLIT_STATS_SCHEMA = STATS_SCHEMA.append(pa.field("hash", pa.uint64()))  # hash: of (breakdown, key)
-STATS_GROUP_ROWS = 4096  # rows per row group of a split's table: a reduce task reads only its range's groups
-STATS_ROWS_PER_TASK = 2_000_000  # split-table rows one reduce task sums
-# split tables a reduce task reads at once: each of its S reads is a footer and a range (about 3
-# requests), so one after another they took S x 3 round trips (149 k splits at 20 ms: 2.5 h)
-STATS_READS_AT_ONCE = 16
+STATS_ROWS_PER_TASK = 2_000_000  # most split-table rows one reduce task sums
 _SOURCES = (("by_source", "origin"), ("by_domain", "domain"), ("by_language", "language"))
 
 
+def stats_partitions(documents: int, reject_rows: int) -> int:
+    """Reduce tasks of the stage, fixed before ``write`` sends to them: a split's table has at most one
+    row per breakdown per document (the rejects' rows add to ``by_source``), so none sums more than
+    STATS_ROWS_PER_TASK rows."""
+    return max(1, -(-(documents * len(BREAKDOWNS) + reject_rows) // STATS_ROWS_PER_TASK))
+
+
 def split_stats(job: Job, split_index: int, docs: pa.Table, status: np.ndarray, cluster_size: np.ndarray,
-                lengths: np.ndarray, survivor_domain: np.ndarray, kept_lengths: np.ndarray) -> dict[str, Any]:
+                lengths: np.ndarray, survivor_domain: np.ndarray, kept_lengths: np.ndarray,
+                parts: int) -> dict[str, Any]:
     """The split's totals for the driver (``lengths``: UTF-8 bytes per document as read, ``kept_lengths``
     as written, once ``--spans`` cut; ``survivor_domain``: the domain of each removed document's
-    survivor); its breakdown table goes to ``SPLIT_STATS`` (``stats_rows`` says how many rows, to size
-    the reduce)."""
+    survivor); its breakdown table goes to the ``parts`` reduce tasks through ``STATS_IN``."""
     rejects = job.work.read_table(REJECTS.file(split_index))
     totals: dict[str, Any] = {name: int(np.count_nonzero(status == i)) for i, name in enumerate(JOB_STATUSES)}
     totals["bytes_in"] = int(lengths.sum())
@@ -61,15 +63,15 @@ def split_stats(job: Job, split_index: int, docs: pa.Table, status: np.ndarray, 
     totals["rejected"] = {kind: by_kind.get(kind, 0) for kind in REJECT_KINDS}
     totals["rejected_bytes"] = int(pc.sum(rejects["bytes"]).as_py() or 0)
     table = _split_table(docs, status, cluster_size, lengths, kept_lengths, rejects, survivor_domain)
-    with job.work.table_writer(SPLIT_STATS.file(split_index), SPLIT_STATS_SCHEMA) as writer:
-        writer.write_table(table, row_group_size=STATS_GROUP_ROWS)
-    return {"totals": totals, "stats_rows": table.num_rows}
+    hashes = np.array([xxhash.xxh3_64_intdigest(f"{b}\0{k}".encode()) for b, k in zip(
+        table["breakdown"].to_pylist(), table["key"].to_pylist(), strict=True)], np.uint64)
+    job.work.write_partitioned(STATS_IN, split_name(split_index), table, range_partition(hashes, parts), parts)
+    return {"totals": totals}
 
 
 def _split_table(docs: pa.Table, status: np.ndarray, cluster_size: np.ndarray, lengths: np.ndarray,
                  kept_lengths: np.ndarray, rejects: pa.Table, survivor_domain: np.ndarray) -> pa.Table:
-    """One row per (breakdown, key) of the split with its counts, sorted by the hash of (breakdown, key).
-    A document removed for its spans counts in ``input`` only (no breakdown column names its outcome)."""
+    """One row per (breakdown, key) of the split with its counts. A document removed for its spans counts in ``input`` only (no breakdown column names its outcome)."""
     n = docs.num_rows
     zeros = np.zeros(n, np.int64)
     kept = (status == 0).astype(np.int64)
@@ -91,11 +93,7 @@ def _split_table(docs: pa.Table, status: np.ndarray, cluster_size: np.ndarray, l
     parts.append(_rows("by_source", rejects["origin"], {
         "input": rejected, "kept": none, "exact_duplicate": none, "near_duplicate": none, "rejected": rejected,
         "input_bytes": none, "kept_bytes": none, "rejected_bytes": rejects["bytes"].to_numpy()}))
-    table = _summed(parts)
-    hashes = [xxhash.xxh3_64_intdigest(f"{b}\0{k}".encode()) for b, k in zip(
-        table["breakdown"].to_pylist(), table["key"].to_pylist(), strict=True)]
-    table = table.append_column("hash", pa.array(hashes, pa.uint64()))
-    return table.sort_by([("hash", "ascending"), ("breakdown", "ascending"), ("key", "ascending")])
+    return _summed(parts)
 
 
 def _named(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
@@ -117,27 +115,13 @@ def _summed(parts: list[pa.Table]) -> pa.Table:
         STATS_SCHEMA.names).cast(STATS_SCHEMA)
 
 
-def _range_rows(job: Job, split: int, part: int, parts: int) -> pa.Table | None:
-    """Range ``part`` of ``parts`` of one split's table (its footer, then only the row groups that hold
-    the range); None when it has no rows there."""
-    with open_counted(job.work.url_of(SPLIT_STATS.file(split)), job.config.storage_options) as (parquet, _):
-        groups = groups_in_partition(parquet.metadata, "hash", part, parts)
-        if not groups:
-            return None
-        rows = parquet.read_row_groups(groups, columns=STATS_SCHEMA.names + ["hash"])
-        mine = range_partition(rows["hash"].to_numpy(), parts) == part
-        return rows.filter(pa.array(mine)).select(STATS_SCHEMA.names)
-
-
-def reduce_stats(job: Job, part: int, parts: int) -> dict[str, Any]:
+def reduce_stats(job: Job, part: int) -> dict[str, Any]:
     """One range of key hashes, once: its rows of every split's table summed into ``stats_file(part)``
     beside the corpus; returns the file, the keys per breakdown and the range's top keys."""
 
     def compute() -> dict[str, Any]:
-        with ThreadPoolExecutor(STATS_READS_AT_ONCE) as pool:
-            pieces = [rows for rows in pool.map(lambda split: _range_rows(job, split, part, parts), job.split_indices)
-                      if rows is not None]
-        table = _summed(pieces).sort_by([("breakdown", "ascending"), ("key", "ascending")])
+        table = _summed(list(job.work.partition_tables(STATS_IN, part)))
+        table = table.sort_by([("breakdown", "ascending"), ("key", "ascending")])
         name = stats_file(job.fingerprint, part)
         WorkDir(job.config.output, job.config.storage_options, spread_keys=False).write_table(name, table)
         keys = {b: 0 for b in BREAKDOWNS}
@@ -151,11 +135,10 @@ def reduce_stats(job: Job, part: int, parts: int) -> dict[str, Any]:
     return run_once(job.work, STATS_DONE.partition(part), compute)
 
 
-def run_stats(job: Job, split_rows: int, run_tasks: Callable[..., list[Any]]) -> dict[str, Any]:
-    """The stage: one reduce task per ``STATS_ROWS_PER_TASK`` rows of split tables; the table's files,
-    the keys of each breakdown and its top keys."""
-    parts = max(1, -(-split_rows // STATS_ROWS_PER_TASK))
-    records = run_tasks(reduce_stats, [(job, part, parts) for part in range(parts)])
+def run_stats(job: Job, parts: int, run_tasks: Callable[..., list[Any]]) -> dict[str, Any]:
+    """The stage: the ``parts`` reduce tasks (:func:`stats_partitions`); the table's files, the keys of
+    each breakdown and its top keys."""
+    records = run_tasks(reduce_stats, [(job, part) for part in range(parts)], receives=[STATS_IN])
     return {
         "files": [r["file"] for r in records],
         "keys": {b: sum(r["keys"][b] for r in records) for b in BREAKDOWNS},

@@ -21,13 +21,15 @@ from gristmill.pipeline.job.stats import split_stats
 from gristmill.pipeline.job.tasks import Job, run_once
 
 
-def write_split(job: Job, split_index: int, carried: pa.Schema) -> dict[str, Any]:
-    """One split's output, once: its shards, removed shards, totals and the size of its statistics table.
-    ``carried``: the input's own columns that follow gristmill's (``gristmill.pipeline.job.extras.job_schema``)."""
-    return run_once(job.work, WRITE_DONE.split(split_index), lambda: _write_split_now(job, split_index, carried))
+def write_split(job: Job, split_index: int, carried: pa.Schema, stats_parts: int) -> dict[str, Any]:
+    """One split's output, once: its shards, removed shards, totals, and its statistics table sent to the
+    ``stats_parts`` reduce tasks. ``carried``: the input's own columns that follow gristmill's
+    (``gristmill.pipeline.job.extras.job_schema``)."""
+    return run_once(job.work, WRITE_DONE.split(split_index),
+                    lambda: _write_split_now(job, split_index, carried, stats_parts))
 
 
-def _write_split_now(job: Job, split_index: int, carried: pa.Schema) -> dict[str, Any]:
+def _write_split_now(job: Job, split_index: int, carried: pa.Schema, stats_parts: int) -> dict[str, Any]:
     config = job.config
     docs_file = DOCS.file(split_index)
     docs = job.work.read_table(docs_file, ["key", "id", "content_hash", "origin", "domain", "language"])  # no text
@@ -83,7 +85,7 @@ def _write_split_now(job: Job, split_index: int, carried: pa.Schema) -> dict[str
     _write_index(job, split_index, keys[status == KEPT])
     result = {"shards": shards, "removed_shards": removed_shards,
               **split_stats(job, split_index, docs, status, cluster_size, text_bytes, outcomes.survivor_domain,
-                            kept_bytes)}
+                            kept_bytes, stats_parts)}
     if cutter is not None:
         spans = cutter.finish(docs, status)
         result["totals"]["spans_totals"] = spans.pop("span_totals")
