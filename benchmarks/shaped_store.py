@@ -319,11 +319,13 @@ class ShapedStore:
             delay = ready - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await response.write(piece)
+            # counted before the write: a client can have the bytes (and read the counters) before
+            # the write's await returns here
             sent += len(piece)
             self.counters.bytes_sent += len(piece)
             by_path = self.counters.sent_by_path
             by_path[path] = by_path.get(path, 0) + len(piece)
+            await response.write(piece)
 
     async def _object(self, request: web.Request) -> tuple[bytes, dict[str, str]] | web.Response:
         """The whole object from the proxy's copy, fetched from upstream once; an upstream error as is."""
