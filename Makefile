@@ -30,8 +30,9 @@ system-deps:
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# two workers, whole files each (a file's module fixtures, e.g. its Ray cluster, stay in one process)
 test: $(STAMP) system-deps lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 demo: $(STAMP)
 	$(PY) -m gristmill.pipeline.demo

@@ -59,7 +59,7 @@ def test_a_failing_write_inside_a_ray_task_is_one_line_naming_the_object(
 
 def test_a_failing_commit_is_one_line_naming_the_object(store: ShapedStore, s3_bucket: str, tmp_path: Path) -> None:
     bucket = s3_bucket.removeprefix("s3://")
-    store.fail(f"/{bucket}/out/_blocks/*", None, 503)
+    store.fail(f"/{bucket}/out/_blocks/*", None, 403)  # refused (a 503 is retried with backoff for minutes first)
     line = _one_line(_gristmill(store, "dedup", _inputs(tmp_path), "-o", f"{s3_bucket}/out", "-q"), "dedup")
     assert f"cannot write {s3_bucket}/out/_blocks (PUT): " in line
 
