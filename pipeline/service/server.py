@@ -254,6 +254,8 @@ def make_app(
         if response.status >= 400 and isinstance(response, web.Response) and response.content_type != "application/json":
             response.text = json.dumps({"error": response.text or response.reason})
             response.content_type = "application/json"
+            # aiohttp's 417 for an unknown Expect carries an explicit Content-Length of its own text
+            response.headers["Content-Length"] = str(len(response.body or b""))
 
     app = web.Application(middlewares=[guard], client_max_size=max_body_bytes)
     app.on_response_prepare.append(json_errors)
