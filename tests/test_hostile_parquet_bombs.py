@@ -86,19 +86,25 @@ def test_a_parquet_dictionary_bomb_is_read_in_bounded_memory(tmp_path_factory: p
     assert result["peak_mb"] < 300, (result, inflated_mb)
 
 
+def _batch_sizes(urls: list[str]) -> list[int]:
+    """The documents per batch the read stage holds for ``urls`` (a 10 MiB cap); no record rejected."""
+    config = SimpleNamespace(text_column="text", id_column="id", max_doc_bytes=10 * MiB, storage_options=None)
+    job = SimpleNamespace(config=config, preference=SimpleNamespace(input_column=None))
+    split = SimpleNamespace(pieces=[Piece(item) for item in resolve_inputs(urls)])
+    rejects: list = []
+    batches = [len(batch) for batch in _document_batches(job, split, rejects)]
+    assert not rejects
+    return batches
+
+
 def test_the_job_holds_a_bounded_batch_of_a_bomb(tmp_path: Path) -> None:
     """The read stage gathers documents into batches: a batch of small texts that each carry a 1 MiB
     URL and column holds a few of them, not the file's gigabyte."""
     path = tmp_path / "bomb.parquet"
     dictionary_bomb(path, 300, MiB, "url")
     dictionary_bomb(tmp_path / "meta.parquet", 300, MiB, "meta")
-    items = resolve_inputs([str(path), str(tmp_path / "meta.parquet")])
-    config = SimpleNamespace(text_column="text", id_column="id", max_doc_bytes=10 * MiB, storage_options=None)
-    job = SimpleNamespace(config=config, preference=SimpleNamespace(input_column=None))
-    split = SimpleNamespace(pieces=[Piece(item) for item in items])
-    rejects: list = []
-    batches = [len(batch) for batch in _document_batches(job, split, rejects)]
-    assert sum(batches) == 600 and not rejects
+    batches = _batch_sizes([str(path), str(tmp_path / "meta.parquet")])
+    assert sum(batches) == 600
     assert max(batches) <= BATCH_BYTES // MiB + 1, batches
 
 
@@ -108,12 +114,8 @@ def test_the_job_holds_a_bounded_batch_of_a_compressed_jsonl_bomb(tmp_path: Path
     line = json.dumps({"text": "short text {}", "meta": "m" * MiB})
     path.write_bytes(gzip.compress("".join(line.replace("{}", str(i)) + "\n" for i in range(300)).encode()))
     assert path.stat().st_size < MiB
-    config = SimpleNamespace(text_column="text", id_column="id", max_doc_bytes=10 * MiB, storage_options=None)
-    job = SimpleNamespace(config=config, preference=SimpleNamespace(input_column=None))
-    split = SimpleNamespace(pieces=[Piece(item) for item in resolve_inputs([str(path)])])
-    rejects: list = []
-    batches = [len(batch) for batch in _document_batches(job, split, rejects)]
-    assert sum(batches) == 300 and not rejects
+    batches = _batch_sizes([str(path)])
+    assert sum(batches) == 300
     assert max(batches) <= BATCH_BYTES // MiB + 1, batches
 
 
