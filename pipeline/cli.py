@@ -172,7 +172,10 @@ def _dispatch(tokens: list[str], command: str | None, as_program: bool) -> int:
         print(f"gristmill {command} needs the {extra!r} extra: pip install 'gristmill[{extra}]' "
               f"(missing module: {exc.name})", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemError) as exc:
+        # Ctrl-C inside compiled code (numba's dispatcher) surfaces as a SystemError caused by it
+        if isinstance(exc, SystemError) and not isinstance(exc.__cause__, KeyboardInterrupt):
+            raise
         resume = "; run the same command again to resume" if command in RESUMABLE else ""
         print(f"gristmill {command}: interrupted{resume}", file=sys.stderr)
         if as_program:  # in-process callers (tests) get the status back

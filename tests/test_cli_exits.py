@@ -209,6 +209,31 @@ def test_ctrl_c_exits_130_with_a_resume_hint_and_the_rerun_finishes(
     assert capsys.readouterr().out == f"no rejects: every input record of {out} became a document\n"
 
 
+@pytest.mark.parametrize("cause", [KeyboardInterrupt(), ValueError("a kernel bug")])
+def test_ctrl_c_inside_compiled_code_is_an_interrupt_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         cause: BaseException) -> None:
+    """numba's dispatcher turns a KeyboardInterrupt raised while it runs into a SystemError caused by it
+    (seen on CI as exit 1 with a traceback); only that cause is an interrupt, any other stays a crash."""
+    import gristmill.pipeline.job
+
+    def interrupted(*_: object, **__: object) -> None:
+        raise SystemError("CPUDispatcher(<function minhash>) returned a result with an exception set") from cause
+
+    monkeypatch.setattr(gristmill.pipeline.job, "run_dedup", interrupted)
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    write_jsonl(inputs / "a.jsonl", documents(8))
+    argv = ["dedup", str(inputs), "-o", str(tmp_path / "out")]
+    if isinstance(cause, KeyboardInterrupt):
+        assert main(argv) == 130
+        assert capsys.readouterr().err.endswith("gristmill dedup: interrupted; run the same command again to resume\n")
+    else:
+        with pytest.raises(SystemError) as raised:
+            main(argv)
+        assert raised.value.__cause__ is cause
+
+
 def test_a_damaged_or_missing_shard_is_an_input_error_naming_it(with_rejects: tuple[Path, Path, dict], tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     out, _, _ = with_rejects
