@@ -234,6 +234,27 @@ def test_ctrl_c_inside_compiled_code_is_an_interrupt_too(tmp_path: Path, monkeyp
         assert raised.value.__cause__ is cause
 
 
+def test_relative_folders_hold_on_ray_workers_and_from_anywhere(ray_local: None, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Folders given relative to where dedup runs, on a Ray whose workers started in another folder (a
+    cluster started elsewhere): the job writes where the user meant (it used to fail with a missing
+    work file), and the manifest names ``--removed`` absolutely, so ``clusters`` run from another
+    folder finds it (it used to look for ``removed`` under its own working folder)."""
+    job = tmp_path / "job"
+    job.mkdir()
+    texts = documents(6)
+    write_jsonl(job / "in.jsonl", texts + texts[:2])
+    monkeypatch.chdir(job)
+    assert main(["dedup", "in.jsonl", "-o", "corpus", "--removed", "removed", "--quiet"]) == 0, capsys.readouterr().err
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["clusters", str(job / "corpus")]) == 0, capsys.readouterr().err
+    assert "clusters with removed members" in capsys.readouterr().out
+
+
 def test_a_damaged_or_missing_shard_is_an_input_error_naming_it(with_rejects: tuple[Path, Path, dict], tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     out, _, _ = with_rejects

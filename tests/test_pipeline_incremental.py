@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -68,10 +69,13 @@ def test_a_chain_of_corpora_each_against_all_before_it(ray_local: None, tmp_path
 def test_against_is_repeatable_on_the_command_line_and_a_string_in_the_job_file(tmp_path: Path) -> None:
     from gristmill.pipeline.commands import dedup as dedup_cmd
 
+    def local(*names: str) -> list[str]:  # folders are made absolute (Ray's workers may run elsewhere)
+        return [os.path.abspath(name) for name in names]
+
     parser = argparse.ArgumentParser()
     dedup_cmd.add_arguments(parser)
     args = parser.parse_args(["in.jsonl", "-o", "out", "--against", "A", "--against", "B", "--against", "A"])
-    assert dedup_cmd.config_from_args(args).against == ["A", "B"]  # a corpus given twice counts once
+    assert dedup_cmd.config_from_args(args).against == local("A", "B")  # a corpus given twice counts once
     job = tmp_path / "job.toml"
     job.write_text('inputs = ["in.jsonl"]\noutput = "out"\nagainst = "A"\n')
 
@@ -80,10 +84,10 @@ def test_against_is_repeatable_on_the_command_line_and_a_string_in_the_job_file(
         args._parser, args._argv = parser, list(argv)  # as pipeline.cli records them
         return args
 
-    assert dedup_cmd.config_from_args(parsed("--job", str(job))).against == ["A"]
+    assert dedup_cmd.config_from_args(parsed("--job", str(job))).against == local("A")
     job.write_text('inputs = ["in.jsonl"]\noutput = "out"\nagainst = ["A", "B"]\n')
-    assert dedup_cmd.config_from_args(parsed("--job", str(job))).against == ["A", "B"]
-    assert dedup_cmd.config_from_args(parsed("--job", str(job), "--against", "C")).against == ["C"]
+    assert dedup_cmd.config_from_args(parsed("--job", str(job))).against == local("A", "B")
+    assert dedup_cmd.config_from_args(parsed("--job", str(job), "--against", "C")).against == local("C")
     assert DedupConfig(inputs=[], output="o").against == []
 
 

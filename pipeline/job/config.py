@@ -4,6 +4,7 @@ hashing parameters it implies, and :class:`DedupError` for a job that cannot run
 from __future__ import annotations
 
 import dataclasses
+import os
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -60,7 +61,12 @@ class DedupConfig:
     def __post_init__(self) -> None:
         # one earlier corpus may be given as a string (the job file's `against = "..."`); each counts once
         against = [self.against] if isinstance(self.against, str) else list(self.against or [])
-        self.against = list(dict.fromkeys(against))
+        # Folders as absolute paths: Ray's workers need not share the driver's working folder (a cluster
+        # started elsewhere), and the manifest names --removed for `clusters`, which runs from anywhere.
+        self.against = list(dict.fromkeys(map(_absolute, against)))
+        self.output = _absolute(self.output)
+        self.removed = _absolute(self.removed) if self.removed else self.removed
+        self.work_dir = _absolute(self.work_dir) if self.work_dir else self.work_dir
         # an S3 client that retries throttles and resets itself, unless the user chose its retries
         self.storage_options = with_client_retries(self.storage_options or {}, self.urls)
         if self.spans is not None:
@@ -119,3 +125,8 @@ def index_params(config: DedupConfig) -> IndexParams:
                           seed=config.seed, verify=config.verify)
     except ParamsError as exc:
         raise DedupError(str(exc)) from None
+
+
+def _absolute(url: str) -> str:
+    """A local folder as an absolute path; a store's URL as it is."""
+    return url if "://" in url else os.path.abspath(url)
