@@ -8,8 +8,9 @@ alternating, robots.txt obeyed, no delays, extraction off or on, the same total 
 (interpreter start, imports and the partitions' start-up included, for every K), the ratio to K = 1,
 the cores the crawl actually got (its CPU seconds over its wall time: on a shared machine, what the
 other jobs left it), and the CPU seconds per page of the crawl (all its processes) and of the
-server, read from /proc: with C cores, K partitions cannot go faster than
-C / (crawl + server CPU per page), the ceiling printed beside each row. Then what keeps K partitions
+servers (the site; with the state on S3 also moto and its proxy, which on a cluster run elsewhere
+but here take the same cores), read from /proc: with C cores, K partitions cannot go faster than
+C / (crawl + servers' CPU per page), the ceiling printed beside each row. Then what keeps K partitions
 from K times one partition's speed, from the stored pages themselves: the largest partition's share
 of the pages (each partition is one event loop, so the crawl cannot beat K = 1's pages/s over that
 share: the "ceiling from the split"), the part of the wall time the last partition ran alone (from
@@ -24,7 +25,9 @@ this machine. K = 2 can approach it, not beat it.
 With ``--store-latency S`` every K also crawls with its state on S3 (moto behind
 ``shaped_store.py`` answering after S seconds, in processes of their own): each partition's frontier
 lives in a scratch folder and is checkpointed to the store at every commit (``--commit-every``), as
-on a cluster whose nodes share no disk; the last lines give its pages/s as a share of local state's.
+on a cluster whose nodes share no disk; the last lines give its pages/s as a share of local state's,
+over the whole run and from the first page stored to the last (a long crawl's pace: start-up and the
+last commit left out).
 
     .venv-bench/bin/python benchmarks/crawl_partitions.py [--hosts 8] [--pages 1000] [--runs 3] [--ks 1,2] [--apart 2]
         [--store-latency 0.02] [--commit-every 1000]
@@ -70,7 +73,8 @@ if __name__ == "__main__":
     print(json.dumps({"pages": summary.documents, "elapsed": summary.elapsed_s,
                       "largest_share": max(pages.values()) / sum(pages.values()),
                       "alone_s": (max(last.values()) - min(last.values())) / 1000,
-                      "first_page_at": max(first.values()) / 1000, "last_page_at": max(last.values()) / 1000}))
+                      "first_page_at": max(first.values()) / 1000, "last_page_at": max(last.values()) / 1000,
+                      "first_any_at": min(first.values()) / 1000}))
 """
 
 
@@ -140,7 +144,9 @@ def crawl_once(groups: list[list[str]], partitions: int, extract: bool, concurre
             "largest_share": max(r["largest_share"] * r["pages"] for r in results) / pages,
             "alone_s": max(max(r["alone_s"] for r in results), max(lasts) - min(lasts)),
             # start-up: from the start to the first page stored by the last partition to store one
-            "startup_s": max(r["first_page_at"] for r in results) - started_at}
+            "startup_s": max(r["first_page_at"] for r in results) - started_at,
+            # the crawl's own pace: from the first page stored to the last (no start-up, no final commit)
+            "crawling_s": max(lasts) - min(r["first_any_at"] for r in results)}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -174,6 +180,9 @@ def main() -> int:
     seeds = [f"http://127.0.0.1:{port}/p0.html" for port in receive.recv()]
     # (label, seed groups crawled at once, partitions of each, state URL or None)
     setups = [(str(k), [seeds], k, None) for k in ks]
+
+    def label_of(k: int) -> str:
+        return f"{k}, state on S3 ({args.store_latency * 1000:.0f} ms)"
     store = []
     if args.store_latency is not None:
         store = start_store()
@@ -181,14 +190,14 @@ def main() -> int:
 
         s3fs.S3FileSystem(**s3_options()).mkdir(BUCKET)
         _control("/__shape__", {"latency": args.store_latency})
-        setups += [(f"{k}, state on S3 ({args.store_latency * 1000:.0f} ms)", [seeds], k, f"s3://{BUCKET}/state")
-                   for k in ks]
+        setups += [(label_of(k), [seeds], k, f"s3://{BUCKET}/state") for k in ks]
     if args.apart > 1:
         setups.append((f"{args.apart} x 1 apart", [seeds[i::args.apart] for i in range(args.apart)], 1, None))
     cores = len(os.sched_getaffinity(0))
+
     print(f"site: {args.pages} pages x {args.hosts} hosts on 127.0.0.1; total concurrency {args.concurrency}; "
           f"{args.runs} runs each, alternating; {cores} cores; load average before {os.getloadavg()[0]:.1f}\n")
-    print("| extraction | K | pages/s (median) | x K=1 | cores the crawl got | crawl CPU /page | server CPU /page | "
+    print("| extraction | K | pages/s (median) | x K=1 | cores the crawl got | crawl CPU /page | servers' CPU /page | "
           "ceiling pages/s on all cores | largest partition's share | last partition alone | start-up | "
           "ceiling from the split | pages |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -197,11 +206,12 @@ def main() -> int:
             runs: dict[str, list[dict[str, float]]] = {label: [] for label, _groups, _k, _state in setups}
             for _ in range(args.runs):
                 for label, groups, k, state in setups:
-                    server_before = cpu_seconds(server.pid)
+                    servers_before = sum(cpu_seconds(p.pid) for p in (server, *store))
                     result = crawl_once(groups, k, extract, args.concurrency, state, args.commit_every)
-                    result["server_cpu"] = cpu_seconds(server.pid) - server_before
+                    result["server_cpu"] = sum(cpu_seconds(p.pid) for p in (server, *store)) - servers_before
                     runs[label].append(result)
             base = statistics.median(r["pages"] / r["wall"] for r in runs[setups[0][0]])
+            ceilings: dict[str, float] = {}
             for label, _groups, _k, _state in setups:
                 rate = statistics.median(r["pages"] / r["wall"] for r in runs[label])
                 crawl_cpu = statistics.median(r["cpu"] / r["pages"] for r in runs[label])
@@ -211,16 +221,20 @@ def main() -> int:
                 share = statistics.median(r["largest_share"] for r in runs[label])
                 alone = statistics.median(r["alone_s"] / r["wall"] for r in runs[label])
                 startup = statistics.median(r["startup_s"] for r in runs[label])
-                ceiling = cores / (crawl_cpu + server_cpu)
+                ceiling = ceilings[label] = cores / (crawl_cpu + server_cpu)
                 print(f"| {'on' if extract else 'off'} | {label} | {rate:.0f} | {rate / base:.2f}x | {used:.2f} | "
                       f"{crawl_cpu * 1000:.2f} ms | {server_cpu * 1000:.2f} ms | {ceiling:.0f} ({ceiling / base:.2f}x) | "
                       f"{share:.0%} | {alone:.0%} of the wall time | {startup:.1f} s | "
                       f"{base / share:.0f} ({1 / share:.2f}x) | {pages} |", flush=True)
             for k in ks if store else ():
                 local = statistics.median(r["pages"] / r["wall"] for r in runs[str(k)])
-                remote = statistics.median(r["pages"] / r["wall"] for label, runs_k in runs.items()
-                                           if label.startswith(f"{k}, state on S3") for r in runs_k)
-                print(f"K = {k}: state on S3 / local state = {remote / local:.1%} of the pages/s", flush=True)
+                remote = statistics.median(r["pages"] / r["wall"] for r in runs[label_of(k)])
+                steady = [statistics.median(r["pages"] / r["crawling_s"] for r in runs[label]) for label in
+                          (label_of(k), str(k))]
+                print(f"K = {k}: state on S3 / local state = {remote / local:.1%} of the pages/s "
+                      f"({steady[0] / steady[1]:.1%} from first page to last); "
+                      f"each against its ceiling on these cores: {remote / ceilings[label_of(k)]:.1%} "
+                      f"/ {local / ceilings[str(k)]:.1%}", flush=True)
     finally:
         server.terminate()
         for process in store:

@@ -17,10 +17,15 @@ document, yet are not intact in the output: must be 0; for gristmill, documents 
 dedup removed as near duplicates, the plain job's, are not counted: that is not the span pass), CPU seconds of the whole process tree
 (per GB of input), and the largest resident memory of one process (``peak/worker``). Run:
 
-    .venv/bin/python benchmarks/span_dedup.py --mb 30 --runs 3 --datatrove-python /tmp/dt/bin/python
+    make bench-env
+    .venv-bench/bin/python benchmarks/span_dedup.py --mb 100 --runs 3 --datatrove-python .venv-bench/bin/python
+    .venv-bench/bin/python benchmarks/span_dedup.py --mb 300 1000 --runs 1 \\
+        --tools gristmill "gristmill line" "gristmill sentences:3" "hash-of-lines baseline"
 
-``--datatrove-python``: a Python with ``datatrove==0.10.1`` and spaCy (benchmarks/requirements.txt:
-``make bench-env`` builds ``.venv-bench``), never the tested environment.
+``--datatrove-python``: a Python with ``datatrove==0.10.1`` and spaCy (benchmarks/requirements.txt,
+with ``xxhash<4``, which datatrove's hashing needs: ``make bench-env`` builds ``.venv-bench``). Several
+``--mb`` sizes give one table each: CPU-s per GB should stay flat as the fixed cost (Ray's start,
+imports, numba compiling) spreads.
 """
 
 from __future__ import annotations
@@ -242,7 +247,8 @@ def _run_tool(name: str, corpus: Path, work: Path, datatrove_python: str | None)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=float, default=30, help="corpus size in MB (default: %(default)s)")
+    parser.add_argument("--mb", type=float, nargs="+", default=[30],
+                        help="corpus sizes in MB, one table each (default: %(default)s)")
     parser.add_argument("--runs", type=int, default=3, help="runs per tool; medians reported (default: %(default)s)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/span-dedup-bench"))
     parser.add_argument("--datatrove-python", help="a Python with datatrove 0.10.1 and spaCy (default: skip it)")
@@ -254,44 +260,62 @@ def main() -> None:
         baseline(*args.baseline_only)
         return
     args.work.mkdir(parents=True, exist_ok=True)
-    corpus = args.work / f"corpus-{args.mb:g}mb.jsonl"
+    for megabytes in args.mb:
+        compare(args.work, megabytes, args.runs, args.datatrove_python, args.tools)
+
+
+def compare(work: Path, megabytes: float, runs: int, datatrove_python: str | None, only: list[str] | None) -> None:
+    """One corpus of ``megabytes``: every tool ``runs`` times, a table of medians, the issue's ratios."""
+    corpus = work / f"corpus-{megabytes:g}mb.jsonl"
     if not corpus.exists():
-        print("corpus:", build_corpus(corpus, args.mb), file=sys.stderr)
+        print("corpus:", build_corpus(corpus, megabytes), file=sys.stderr)
     size = corpus.stat().st_size
     unique = unique_lines(corpus)
     inputs = read_output("jsonl", corpus)
     bytes_in = sum(len(t.encode()) for t in inputs.values())
     tools = ["gristmill", "gristmill line", "gristmill sentences:3", "hash-of-lines baseline"]
-    tools += ["datatrove SentenceDedup"] if args.datatrove_python else []
-    tools = [tool for tool in tools if not args.tools or tool in args.tools]
+    tools += ["datatrove SentenceDedup"] if datatrove_python else []
+    tools = [tool for tool in tools if not only or tool in only]
     rows = []
     whole: set[str] = set()  # documents gristmill's document dedup removed: not the span pass's doing
     for tool in tools:
-        runs = []
-        for run in range(args.runs):
-            measured, out, kind = run_tool(tool, corpus, args.work / f"{tool.replace(' ', '-')}-{run}",
-                                           args.datatrove_python)
-            runs.append(measured)
+        measured = [run_tool(tool, corpus, work / f"{megabytes:g}mb-{tool.replace(' ', '-')}-{run}", datatrove_python)
+                    for run in range(runs)]
+        out, kind = measured[-1][1], measured[-1][2]
         output = read_output(kind, out)
         if tool == "gristmill":
             whole = set(inputs) - set(output)
         kept = sum(len(t.encode()) for t in output.values())
-        workers = [p["rss"] for r in runs for p in r["processes"]]
-        cpu = statistics.median(r["cpu"] for r in runs)
+        workers = [p["rss"] for r, _, _ in measured for p in r["processes"]]
+        cpu = statistics.median(r["cpu"] for r, _, _ in measured)
         rows.append({"tool": tool, "documents_out": len(output), "bytes_cut_or_removed": bytes_in - kept,
-                     "unique_lines_damaged": damaged(unique, output, whole if tool.startswith("gristmill") else set()), "cpu_s": round(cpu, 2),
-                     "cpu_s_per_gb": round(cpu / (size / 1e9), 1), "wall_s": round(statistics.median(r["wall"] for r in runs), 2),
-                     "peak_worker_mib": round(max(workers) / 2**20), "runs": args.runs})
+                     "unique_lines_damaged": damaged(unique, output, whole if tool.startswith("gristmill") else set()),
+                     "cpu_s": round(cpu, 2), "cpu_s_per_gb": round(cpu / (size / 1e9), 1),
+                     "wall_s": round(statistics.median(r["wall"] for r, _, _ in measured), 2),
+                     "peak_worker_mib": round(max(workers) / 2**20), "runs": runs})
         print(json.dumps(rows[-1]), file=sys.stderr)
-    plain = next((r["cpu_s"] for r in rows if r["tool"] == "gristmill"), float("nan"))
+    cpu = {row["tool"]: row["cpu_s"] for row in rows}
+    plain = cpu.get("gristmill", float("nan"))
     print(f"corpus: {len(inputs):,} documents, {size / 1e6:.1f} MB, {sum(map(len, unique.values())):,} unique lines; "
-          f"medians of {args.runs} runs, {time.strftime('%Y-%m-%d')}")
+          f"medians of {runs} runs, {time.strftime('%Y-%m-%d')}")
     print(f"{'tool':<26} {'docs out':>9} {'bytes cut':>11} {'damaged':>8} {'CPU-s':>8} {'CPU-s/GB':>9} "
           f"{'vs plain job':>12} {'peak/worker':>12}")
     for row in rows:
         print(f"{row['tool']:<26} {row['documents_out']:>9,} {row['bytes_cut_or_removed']:>11,} "
               f"{row['unique_lines_damaged']:>8,} {row['cpu_s']:>8.1f} {row['cpu_s_per_gb']:>9.0f} "
               f"{row['cpu_s'] / plain:>11.2f}x {row['peak_worker_mib']:>8} MiB")
+    for mode in ("line", "sentences:3"):  # what the span pass adds to the same job, per GB
+        if f"gristmill {mode}" in cpu:
+            added = cpu[f"gristmill {mode}"] - plain
+            print(f"span pass {mode}: {added:.1f} CPU-s ({added / (size / 1e9):.0f} CPU-s/GB), "
+                  f"+{added / plain:.0%} of the plain job (target for line: at most +30%)")
+    baseline_cpu = cpu.get("hash-of-lines baseline")
+    if baseline_cpu and "gristmill line" in cpu:
+        print(f"line span pass / hash-of-lines baseline: {(cpu['gristmill line'] - plain) / baseline_cpu:.2f}x "
+              f"(whole job: {cpu['gristmill line'] / baseline_cpu:.2f}x; target at most 0.5x)")
+    if "datatrove SentenceDedup" in cpu and "gristmill sentences:3" in cpu:
+        print(f"sentences:3 whole job / datatrove SentenceDedup: "
+              f"{cpu['gristmill sentences:3'] / cpu['datatrove SentenceDedup']:.3f}x (target at most 0.1x)")
 
 
 if __name__ == "__main__":
