@@ -112,21 +112,25 @@ def _params(params: IndexParams) -> dict[str, Any]:
     return {k: v for k, v in params_to_dict(params).items() if k != "verify"}
 
 
-def check_shard_count(url: str, shards: int, storage_options: Mapping[str, Any] | None = None) -> None:
+def check_shard_count(url: str, shards: int, storage_options: Mapping[str, Any] | None = None, *,
+                      create: bool = True) -> None:
     """A state keeps the shard count it was made with (documents are placed by it): recorded once, in
-    the store, by a conditional create, and compared on every later start."""
+    the store, by a conditional create (with ``create``), and compared on every later start. Without
+    ``create`` (an export) a state that has none is refused: it is not a state of ``serve --shards``."""
     fs, root = open_fs(url, storage_options)
-    path = posixpath.join(root, SHARDS_NAME)
-    store = conditional_store(fs, path, f"{url.rstrip('/')}/{SHARDS_NAME}")
-    if store.create(json.dumps({"shards": shards}).encode()) is not None:
+    where = f"{url.rstrip('/')}/{SHARDS_NAME}"
+    store = conditional_store(fs, posixpath.join(root, SHARDS_NAME), where)
+    if create and store.create(json.dumps({"shards": shards}).encode()) is not None:
         return
     seen = store.read()
+    if seen is None:
+        raise StateError(f"{where}: missing; not the state of a gristmill serve --shards")
     try:
-        found = json.loads(seen.data)["shards"] if seen else None
+        found = json.loads(seen.data)["shards"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise StateError(f"{url.rstrip('/')}/{SHARDS_NAME}: unreadable ({exc})") from None
+        raise StateError(f"{where}: unreadable ({exc})") from None
     if found != shards:
-        raise StateError(f"{url.rstrip('/')}/{SHARDS_NAME}: this state was built with --shards {found}, not {shards}")
+        raise StateError(f"{where}: this state was built with --shards {found}, not {shards}")
 
 
 class ShardStore:
@@ -154,10 +158,9 @@ class ShardStore:
         return sorted(int(posixpath.basename(n)[:-4]) for n in names
                       if posixpath.basename(n).endswith(".seg") and posixpath.basename(n)[:-4].isdigit())
 
-    def open(self) -> Iterator[list[LogRecord]]:
+    def read(self) -> Iterator[list[LogRecord]]:
         """Every insert the store holds for this shard (the newest snapshot, then each segment after
-        it), in batches, then the log taken over by a fence segment of the next generation. A segment
-        another writer lands meanwhile is read too, and the fence tried after it."""
+        it), in batches; writes nothing, so an export can read the state of a shard that is serving."""
         self.fs.invalidate_cache()
         snapshots = self._numbers("snapshot")
         if snapshots:
@@ -166,12 +169,18 @@ class ShardStore:
             head, records = decode_segment(self.fs.cat_file(path), self._url(path), self.params)
             self.generation = max(self.generation, head["generation"])
             yield records
+        yield from self._read_after(self.last)
+
+    def open(self) -> Iterator[list[LogRecord]]:
+        """What :meth:`read` yields, then the log taken over by a fence segment of the next generation.
+        A segment another writer lands meanwhile is read too, and the fence tried after it."""
+        yield from self.read()
         while True:
-            yield from self._read_after(self.last)
             generation = self.generation + 1
             if self._create(self.last + 1, encode_segment(generation, self.last + 1, self.params, [])):
                 self.generation, self.last = generation, self.last + 1
                 return
+            yield from self._read_after(self.last)
 
     def _read_after(self, after: int) -> Iterator[list[LogRecord]]:
         numbers = [n for n in self._numbers("log") if n > after]

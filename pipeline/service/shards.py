@@ -89,11 +89,8 @@ class Shard:
             self.shipper: Shipper | None = None
             return
         self.scratch = scratch_folder(part[0])
-        # the local snapshots of a scratch copy would be thrown away: only the store's count
-        self.service = DedupService(self.scratch, parsed, index_url=index_url, compact_every=2**62, part=part)
+        self.service, store = copy_from_store(self.scratch, parsed, index_url, part, store_url, take_over=True)
         try:
-            store = ShardStore(store_url, self.service.params)
-            self.service.replay(record for batch in store.open() for record in batch)
             self.shipper = Shipper(store, self.service.index, compact_every)
             store.write_placement({"node": self.node(), "host": socket.gethostname(), "pid": os.getpid()})
         except BaseException:
@@ -158,6 +155,26 @@ class Shard:
         self.service.close()
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def copy_from_store(scratch: str, params: IndexParams | None, index_url: str | None, part: tuple[int, int],
+                    store_url: str, *, take_over: bool) -> tuple[DedupService, ShardStore]:
+    """Shard ``part`` rebuilt in the local folder ``scratch`` from the store: its part of the corpus
+    index, then every insert the store holds for it. With ``take_over`` the shard's log is then
+    claimed by a new generation (a shard about to serve); without, nothing is written (an export).
+    ``scratch`` is removed when the copy cannot be made."""
+    service = None
+    try:
+        # the local snapshots of a scratch copy would be thrown away: only the store's count
+        service = DedupService(scratch, params, index_url=index_url, compact_every=2**62, part=part)
+        store = ShardStore(store_url, service.params)
+        service.replay(record for batch in (store.open() if take_over else store.read()) for record in batch)
+    except BaseException:
+        if service is not None:
+            service.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return service, store
 
 
 def scratch_folder(k: int) -> str:
