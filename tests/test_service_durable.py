@@ -4,6 +4,7 @@ keeps a stale writer from forking the shard (pipeline/service/durable.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -25,6 +26,7 @@ from gristmill.pipeline.service.durable import (
     check_shard_count,
     decode_segment,
     encode_segment,
+    read_placements,
     segment_name,
 )
 from gristmill.pipeline.service.index import LiveIndex
@@ -157,6 +159,51 @@ def test_a_new_scratch_copy_clears_those_no_process_holds(tmp_path: Path, monkey
         assert not os.path.exists(left) and os.path.isdir(running) and os.path.isdir(starting) and os.path.isdir(new)
     finally:
         held.close()
+
+
+def test_a_placement_record_is_never_replaced_by_an_older_generation(s3_bucket: str, s3_server: dict,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """The record a front reads names the shard's newest generation: a writer overtaken between its
+    fence and its record (or a stale one trying again) is fenced, and the newer record stands."""
+    state = f"{s3_bucket}/state"
+    assert read_placements(state, 2) == [None, None]  # not started yet
+    old, _ = replayed(f"{state}/shard-1")
+    new, _ = replayed(f"{state}/shard-1")  # took over before the old writer recorded its placement
+    new.record_placement({"node": "new-node"})
+    for _ in range(2):
+        with pytest.raises(Fenced, match="names generation 2 of this shard; generation 1 writes no more"):
+            old.record_placement({"node": "old-node"})
+    with pytest.raises(Fenced):
+        old.append([record(1)])  # and it writes no segment either
+    [none, placement] = read_placements(state, 2)
+    assert none is None and placement["node"] == "new-node" and placement["generation"] == 2
+    newest, _ = replayed(f"{state}/shard-1")
+    newest.record_placement({"node": "third-node"})  # a newer generation replaces it
+    assert read_placements(state, 2)[1]["generation"] == 3
+
+    fs = s3fs.S3FileSystem(**s3_server["storage_options"], skip_instance_cache=True)
+    fs.pipe_file(f"{state}/shard-1/placement.json", b"{not json")
+    with pytest.raises(StateError, match=f"^{state}/shard-1/placement.json: not a shard's placement record"):
+        read_placements(state, 2)
+    newest.record_placement({"node": "third-node"})  # a damaged record is replaced, with a warning naming it
+    assert "shard-1/placement.json: not a shard's placement record" in caplog.text
+    assert read_placements(state, 2)[1]["node"] == "third-node"
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=64) | st.builds(
+    lambda fields: json.dumps(fields).encode(),
+    st.fixed_dictionaries({"generation": st.none() | st.booleans() | st.integers() | st.floats() | st.text()})))
+def test_a_damaged_placement_record_is_an_error_naming_it(data: bytes) -> None:
+    import fsspec
+
+    fsspec.filesystem("memory").pipe_file("/placement-state/shard-0/placement.json", data)
+    try:
+        [placement] = read_placements("memory://placement-state", 1)
+    except StateError as exc:
+        assert str(exc).startswith("memory://placement-state/shard-0/placement.json: not a shard's placement record")
+        return
+    assert placement is not None and type(placement["generation"]) is int and placement["generation"] >= 1
 
 
 def test_reading_a_shard_writes_nothing(s3_bucket: str, s3_server: dict) -> None:

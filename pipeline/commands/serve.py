@@ -209,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             import ray
 
+            from gristmill.pipeline.service.durable import read_placements
             from gristmill.pipeline.service.shards import ShardedService
 
             ray.init(address=args.ray_address, include_dashboard=False, logging_level="ERROR",
@@ -216,8 +217,11 @@ def run(args: argparse.Namespace) -> int:
             service = ShardedService(args.state_dir, args.shards, params, index_url=args.index,
                                      compact_every=args.compact_every, call_timeout=args.shard_timeout)
             documents = service.stats()["documents"]
-            _say(args, f"{documents} documents in {args.shards} shards", documents=documents, shards=args.shards,
-                 state_dir=args.state_dir)
+            placement = read_placements(args.state_dir, args.shards) if service.durable else None
+            where = "" if placement is None else ", generations " + ", ".join(
+                str(p["generation"]) if p else "?" for p in placement) + " (as the store records them)"
+            _say(args, f"{documents} documents in {args.shards} shards{where}", documents=documents,
+                 shards=args.shards, state_dir=args.state_dir, placement=placement)
     except (OSError, ValueError, CorpusError, LogError, StateError) as exc:
         print(f"gristmill serve: {exc}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ STATE/shard-k/log/<seq>.seg             one immutable object per group commit: t
                                         together, numbered 1, 2, 3... without gaps
 STATE/shard-k/snapshot/<seq>.seg        every insert of segments 1..seq in one object
 STATE/shard-k/placement.json            which node and process hold the shard, in which generation
+                                        (replaced by compare-and-swap, never by an older generation)
 ```
 
 Why no acknowledged add is lost: a shard ships the inserts it took (already in its memory) as the
@@ -58,6 +59,7 @@ SEGMENT_MAGIC = b"GRISTMILL-SHARD-SEGMENT\x001\n"
 SEGMENT_RECORDS = 4096  # most inserts one group commit ships
 SEQ_DIGITS = 16
 SHARDS_NAME = "shards.json"
+PLACEMENT_NAME = "placement.json"
 
 
 class Fenced(LogError):
@@ -225,21 +227,65 @@ class ShardStore:
         path = self._path("snapshot", seq)
         conditional_store(self.fs, path, self._url(path)).create(data)  # taken: the same content
 
-    def write_placement(self, fields: Mapping[str, Any]) -> None:
-        self.fs.pipe_file(posixpath.join(self.root, "placement.json"),
-                          json.dumps({**fields, "generation": self.generation, "since": time.time()}).encode())
+    def record_placement(self, fields: Mapping[str, Any]) -> None:
+        """Record in the store where this generation runs (``fields``: node, host, pid), once its fence
+        has landed, so that a front started anywhere finds it. Replaced by compare-and-swap and never
+        over a newer generation's record: a writer overtaken between its fence and this write is
+        :class:`Fenced` instead (and writes nothing more), so the record names the shard's current
+        incarnation, not a stale one."""
+        path = posixpath.join(self.root, PLACEMENT_NAME)
+        store = conditional_store(self.fs, path, self._url(path))
+        data = json.dumps({**fields, "generation": self.generation, "since": time.time()}).encode()
+        while True:
+            seen = store.read()
+            if seen is None:
+                if store.create(data) is not None:
+                    return
+                continue
+            try:
+                recorded = _placement(seen.data, self._url(path))["generation"]
+            except StateError as exc:
+                log.warning("%s; replaced by generation %d's", exc, self.generation)
+                recorded = 0
+            if recorded > self.generation:
+                self.fenced = (f"{self._url(path)} names generation {recorded} of this shard; generation "
+                               f"{self.generation} writes no more")
+                raise Fenced(self.fenced)
+            if store.swap(data, seen) is not None:
+                return
 
     def _url(self, path: str) -> str:
         return f"{self.url}/{posixpath.relpath(path, self.root)}"
 
 
-def read_placement(url: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-    """What the shard at ``url`` last recorded about where it runs, or None before its first start."""
-    fs, root = open_fs(url, storage_options)
+def _placement(data: bytes, where: str) -> dict[str, Any]:
+    """A placement record as a shard writes it, or a :class:`StateError` naming ``where``."""
     try:
-        return json.loads(fs.cat_file(posixpath.join(root, "placement.json")))
-    except FileNotFoundError:
-        return None
+        fields = json.loads(data)
+        if not isinstance(fields, dict) or type(fields.get("generation")) is not int or fields["generation"] < 1:
+            raise ValueError("no generation number")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise StateError(f"{where}: not a shard's placement record ({exc})") from None
+    return fields
+
+
+def read_placements(url: str, shards: int,
+                    storage_options: Mapping[str, Any] | None = None) -> list[dict[str, Any] | None]:
+    """Where each shard of the state at ``url`` last recorded that it runs, and in which generation
+    (None for a shard not started yet): one ``GET`` per shard, issued together."""
+    fs, root = open_fs(url.rstrip("/"), storage_options)
+    paths = [posixpath.join(root, f"shard-{k}", PLACEMENT_NAME) for k in range(shards)]
+    fs.invalidate_cache()
+    found = fs.cat(paths, on_error="return")
+    placements: list[dict[str, Any] | None] = []
+    for k, path in enumerate(paths):
+        if isinstance(found[path], FileNotFoundError):
+            placements.append(None)
+        elif isinstance(found[path], BaseException):
+            raise found[path]
+        else:
+            placements.append(_placement(found[path], f"{url.rstrip('/')}/shard-{k}/{PLACEMENT_NAME}"))
+    return placements
 
 
 def index_records(start: int, stop: int, ids: IdColumn, rows: np.ndarray) -> Iterator[LogRecord]:
