@@ -4,6 +4,7 @@ keeps a stale writer from forking the shard (pipeline/service/durable.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -25,6 +26,7 @@ from gristmill.pipeline.service.durable import (
     check_shard_count,
     decode_segment,
     encode_segment,
+    read_placements,
     segment_name,
 )
 from gristmill.pipeline.service.index import LiveIndex
@@ -159,9 +161,115 @@ def test_a_new_scratch_copy_clears_those_no_process_holds(tmp_path: Path, monkey
         held.close()
 
 
+def test_a_placement_record_is_never_replaced_by_an_older_generation(s3_bucket: str, s3_server: dict,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """The record a front reads names the shard's newest generation: a writer overtaken between its
+    fence and its record (or a stale one trying again) is fenced, and the newer record stands."""
+    state = f"{s3_bucket}/state"
+    assert read_placements(state, 2) == [None, None]  # not started yet
+    old, _ = replayed(f"{state}/shard-1")
+    new, _ = replayed(f"{state}/shard-1")  # took over before the old writer recorded its placement
+    new.record_placement({"node": "new-node"})
+    for _ in range(2):
+        with pytest.raises(Fenced, match="names generation 2 of this shard; generation 1 writes no more"):
+            old.record_placement({"node": "old-node"})
+    with pytest.raises(Fenced):
+        old.append([record(1)])  # and it writes no segment either
+    [none, placement] = read_placements(state, 2)
+    assert none is None and placement["node"] == "new-node" and placement["generation"] == 2
+    newest, _ = replayed(f"{state}/shard-1")
+    newest.record_placement({"node": "third-node"})  # a newer generation replaces it
+    assert read_placements(state, 2)[1]["generation"] == 3
+
+    fs = s3fs.S3FileSystem(**s3_server["storage_options"], skip_instance_cache=True)
+    fs.pipe_file(f"{state}/shard-1/placement.json", b"{not json")
+    with pytest.raises(StateError, match=f"^{state}/shard-1/placement.json: not a shard's placement record"):
+        read_placements(state, 2)
+    newest.record_placement({"node": "third-node"})  # a damaged record is replaced, with a warning naming it
+    assert "shard-1/placement.json: not a shard's placement record" in caplog.text
+    assert read_placements(state, 2)[1]["node"] == "third-node"
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=64) | st.builds(
+    lambda fields: json.dumps(fields).encode(),
+    st.fixed_dictionaries({"generation": st.none() | st.booleans() | st.integers() | st.floats() | st.text()})))
+def test_a_damaged_placement_record_is_an_error_naming_it(data: bytes) -> None:
+    import fsspec
+
+    fsspec.filesystem("memory").pipe_file("/placement-state/shard-0/placement.json", data)
+    try:
+        [placement] = read_placements("memory://placement-state", 1)
+    except StateError as exc:
+        assert str(exc).startswith("memory://placement-state/shard-0/placement.json: not a shard's placement record")
+        return
+    assert placement is not None and type(placement["generation"]) is int and placement["generation"] >= 1
+
+
+def test_reading_a_shard_writes_nothing(s3_bucket: str, s3_server: dict) -> None:
+    """What an export does to a shard that is serving: it reads the snapshot and the segments after it,
+    and the writer goes on without being fenced."""
+    url = f"{s3_bucket}/state/shard-0"
+    writer, _ = replayed(url)
+    writer.append([record(1)])
+    writer.write_snapshot(writer.last, iter([record(1)]))
+    writer.append([record(2)])
+    fs = s3fs.S3FileSystem(**s3_server["storage_options"], skip_instance_cache=True)
+    before = fs.find(url)
+    reader = ShardStore(url, PARAMS)
+    assert [r.doc_id for batch in reader.read() for r in batch] == ["doc-1", "doc-2"]
+    assert reader.generation == writer.generation and fs.find(url) == before
+    writer.append([record(3)])  # not fenced
+    assert replayed(url)[1] == ["doc-1", "doc-2", "doc-3"]
+
+
+def test_export_of_a_state_on_the_store(s3_bucket: str, s3_server: dict, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture) -> None:
+    """``serve --export`` reads each shard's snapshot and later segments from the store (nothing local
+    is needed, nothing on the store is written) and writes every document as a corpus index."""
+    from gristmill.pipeline.cli import main
+    from gristmill.pipeline.format.signature_index import load_index
+
+    state = f"{s3_bucket}/state"
+    check_shard_count(state, 2)
+    first, _ = replayed(f"{state}/shard-0")
+    for n in range(3):
+        first.append([record(n)])
+    first.write_snapshot(first.last, iter([record(n) for n in range(3)]))
+    first.append([record(3), record(4)])  # after the snapshot
+    second, _ = replayed(f"{state}/shard-1")
+    second.append([record(10)])
+    fs = s3fs.S3FileSystem(**s3_server["storage_options"], skip_instance_cache=True)
+    before = fs.find(state)
+    params = ["--threshold", "0.8", "--num-perm", "16", "--ngram", "5"]
+    out = tmp_path / "out"
+    assert main(["serve", "--state-dir", state, "--shards", "2", *params, "--export", str(out)]) == 0
+    _, table = load_index(str(out))
+    assert sorted(table.ids) == sorted(["doc-0", "doc-1", "doc-2", "doc-3", "doc-4", "doc-10"])
+    signatures = dict(zip(table.ids, table.signatures, strict=True))
+    assert np.array_equal(signatures["doc-4"], record(4).signature)
+    assert fs.find(state) == before  # no fence, no placement: a serving shard would go on
+    first.append([record(5)])
+
+    for argv, reason in (
+        (["--shards", "3", *params], f"{state}/shards.json: this state was built with --shards 2, not 3"),
+        (["--shards", "2", "--threshold", "0.8", "--num-perm", "32", "--ngram", "5"],
+         f"{state}/shard-0/snapshot/{segment_name(4)}: written for index parameters"),
+    ):
+        capsys.readouterr()
+        assert main(["serve", "--state-dir", state, *argv, "--export", str(tmp_path / "refused")]) == 2
+        assert reason in capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["serve", "--state-dir", f"{s3_bucket}/nothing", "--shards", "2", *params, "--export",
+                 str(tmp_path / "refused")]) == 2
+    assert f"{s3_bucket}/nothing/shards.json: missing; not the state of a gristmill serve --shards" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
+
+
 def test_where_the_state_goes() -> None:
-    """Under a remote --index with --shards (nodes share no disk); a store without --shards, or to
-    export from, is refused in one line rather than taken for a local folder named 's3:'."""
+    """Under a remote --index with --shards (nodes share no disk); a store without --shards is refused
+    in one line rather than taken for a local folder named 's3:'."""
     from argparse import Namespace
 
     from gristmill.pipeline.commands.serve import LOCAL_STATE, _state_dir
@@ -172,6 +280,6 @@ def test_where_the_state_goes() -> None:
     assert state(index="s3://b/corpus/", shards=2) == "s3://b/corpus/_serve"
     assert state(index="s3://b/corpus") == state(index="corpus", shards=2) == LOCAL_STATE
     assert state(state_dir="s3://b/state", shards=2) == "s3://b/state"
-    for refused in ({"shards": 1}, {"shards": 2, "export": "out"}):
-        with pytest.raises(ValueError, match="^--state-dir s3://b/state: a state on a store needs --shards"):
-            state(state_dir="s3://b/state", **refused)
+    assert state(state_dir="s3://b/state", shards=2, export="out") == "s3://b/state"
+    with pytest.raises(ValueError, match="^--state-dir s3://b/state: a state on a store needs --shards"):
+        state(state_dir="s3://b/state", shards=1)

@@ -97,6 +97,9 @@ def test_a_killed_node_costs_only_503s_and_no_acknowledged_add(cluster: PrivateN
         assert [r["exact_duplicate_of"] for r in answer["results"]] == [i for i, _ in docs]
         after = json.loads(fs.cat_file(f"{bucket}/state/shard-{victim}/placement.json"))
         assert after["generation"] == placements[victim]["generation"] + 1 and after["pid"] != placements[victim]["pid"]
+        assert after["node"] != placements[victim]["node"]  # restarted on another node
+        with urllib.request.urlopen(f"{url}/stats", timeout=60) as answer:  # the front shows what the store holds
+            assert json.loads(answer.read())["placement"][victim] == after
         status, answer, _ = post(f"{url}/add", {"id": "after", "text": text(99_999)})  # adds go on
         assert status == 200 and answer["results"][0]["added"]
     finally:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gristmill.pipeline.commands import options
@@ -95,44 +97,71 @@ def _state_dir(args: argparse.Namespace) -> str:
     if args.state_dir is None:
         remote_index = args.index is not None and not is_local(open_fs(args.index)[0])
         return f"{args.index.rstrip('/')}/_serve" if remote_index and args.shards > 1 else LOCAL_STATE
-    if not is_local(open_fs(args.state_dir)[0]) and (args.shards == 1 or args.export):
-        raise ValueError(f"--state-dir {args.state_dir}: a state on a store needs --shards K (K > 1) and cannot be "
-                         "exported yet; one process keeps its state in a local folder")
+    if not is_local(open_fs(args.state_dir)[0]) and args.shards == 1:
+        raise ValueError(f"--state-dir {args.state_dir}: a state on a store needs --shards K (K > 1); one process "
+                         "keeps its state in a local folder")
     return args.state_dir
+
+
+def _open_shard(args: argparse.Namespace, params: Any, k: int) -> tuple[Any, Callable[[], None]]:
+    """Shard ``k`` of the state as an index to read, and what lets it go: a local folder is opened in
+    place (its lock keeps a server out meanwhile); a state on a store is read, never written (a
+    serving shard goes on), into a scratch copy that is removed again."""
+    from gristmill.pipeline.format.storage import is_local, open_fs
+    from gristmill.pipeline.service.core import DedupService
+    from gristmill.pipeline.service.shards import copy_from_store
+
+    if is_local(open_fs(args.state_dir)[0]):
+        folder = args.state_dir if args.shards == 1 else os.path.join(args.state_dir, f"shard-{k}")
+        service = DedupService(folder, params, index_url=args.index, part=(k, args.shards))
+        return service, service.close
+    scratch = tempfile.mkdtemp(prefix=f"gristmill-export-{k}-")
+    service, _ = copy_from_store(scratch, params, args.index, (k, args.shards),
+                                 f"{args.state_dir.rstrip('/')}/shard-{k}", take_over=False)
+
+    def close() -> None:
+        service.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    return service, close
 
 
 def _export(args: argparse.Namespace, params: Any) -> int:
     """Write every document of the state (each shard's in turn, one open at a time) as a corpus index."""
     from gristmill.pipeline.format.lease import acquire_leases, release_leases
     from gristmill.pipeline.format.signature_index import write_index
-    from gristmill.pipeline.service.core import DedupService
+    from gristmill.pipeline.format.storage import is_local, open_fs
+    from gristmill.pipeline.service.durable import check_shard_count
 
-    folders = ([args.state_dir] if args.shards == 1
-               else [os.path.join(args.state_dir, f"shard-{k}") for k in range(args.shards)])
-    opened = [DedupService(folders[0], params, index_url=args.index, part=(0, args.shards))]
+    local = is_local(open_fs(args.state_dir)[0])
+    source = os.path.abspath(args.state_dir) if local else args.state_dir.rstrip("/")
+    if not local:
+        check_shard_count(source, args.shards, create=False)
+    opened = [_open_shard(args, params, 0)]
+    first = opened[0][0]
     count = 0
 
     def tables() -> Iterator[Any]:
         nonlocal count
-        for k, folder in enumerate(folders):
-            service = opened.pop() if opened else DedupService(folder, params, index_url=args.index,
-                                                               part=(k, args.shards))
+        for k in range(args.shards):
+            service, close = opened.pop() if opened else _open_shard(args, params, k)
             try:
                 count += len(service.index)
                 yield from service.index.tables()
             finally:
-                service.close()
+                close()
 
-    first = opened[0]
     # one writer per output folder, as for gristmill dedup: another job is refused, this same export waits
-    leases = acquire_leases([args.export], f"serve-export:{os.path.abspath(args.state_dir)}")
     try:
-        name = write_index(args.export, first.params, tables(),
-                           stats={"exported_from": os.path.abspath(args.state_dir), "shards": args.shards})
+        leases = acquire_leases([args.export], f"serve-export:{source}")
+        try:
+            name = write_index(args.export, first.params, tables(), stats={"exported_from": source,
+                                                                          "shards": args.shards})
+        finally:
+            release_leases(leases)
     finally:
-        release_leases(leases)
-        for service in opened:
-            service.close()
+        for _, close in opened:
+            close()
     path = f"{args.export.rstrip('/')}/{name}"
     _say(args, f"wrote {count} documents to {path}", exported=count, index=path)
     return 0
@@ -180,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             import ray
 
+            from gristmill.pipeline.service.durable import read_placements
             from gristmill.pipeline.service.shards import ShardedService
 
             ray.init(address=args.ray_address, include_dashboard=False, logging_level="ERROR",
@@ -187,8 +217,11 @@ def run(args: argparse.Namespace) -> int:
             service = ShardedService(args.state_dir, args.shards, params, index_url=args.index,
                                      compact_every=args.compact_every, call_timeout=args.shard_timeout)
             documents = service.stats()["documents"]
-            _say(args, f"{documents} documents in {args.shards} shards", documents=documents, shards=args.shards,
-                 state_dir=args.state_dir)
+            placement = read_placements(args.state_dir, args.shards) if service.durable else None
+            where = "" if placement is None else ", generations " + ", ".join(
+                str(p["generation"]) if p else "?" for p in placement) + " (as the store records them)"
+            _say(args, f"{documents} documents in {args.shards} shards{where}", documents=documents,
+                 shards=args.shards, state_dir=args.state_dir, placement=placement)
     except (OSError, ValueError, CorpusError, LogError, StateError) as exc:
         print(f"gristmill serve: {exc}", file=sys.stderr)
         return 2

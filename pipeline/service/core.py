@@ -409,6 +409,10 @@ class DedupService:
         await written_to.sync(durable_at)
         return results
 
+    async def report(self) -> dict[str, Any]:
+        """What ``GET /stats`` answers (a front of shards also reads the store for it)."""
+        return self.stats()
+
     def stats(self) -> dict[str, Any]:
         c = self.counters
         return {

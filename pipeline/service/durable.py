@@ -7,6 +7,7 @@ STATE/shard-k/log/<seq>.seg             one immutable object per group commit: t
                                         together, numbered 1, 2, 3... without gaps
 STATE/shard-k/snapshot/<seq>.seg        every insert of segments 1..seq in one object
 STATE/shard-k/placement.json            which node and process hold the shard, in which generation
+                                        (replaced by compare-and-swap, never by an older generation)
 ```
 
 Why no acknowledged add is lost: a shard ships the inserts it took (already in its memory) as the
@@ -58,6 +59,7 @@ SEGMENT_MAGIC = b"GRISTMILL-SHARD-SEGMENT\x001\n"
 SEGMENT_RECORDS = 4096  # most inserts one group commit ships
 SEQ_DIGITS = 16
 SHARDS_NAME = "shards.json"
+PLACEMENT_NAME = "placement.json"
 
 
 class Fenced(LogError):
@@ -112,21 +114,25 @@ def _params(params: IndexParams) -> dict[str, Any]:
     return {k: v for k, v in params_to_dict(params).items() if k != "verify"}
 
 
-def check_shard_count(url: str, shards: int, storage_options: Mapping[str, Any] | None = None) -> None:
+def check_shard_count(url: str, shards: int, storage_options: Mapping[str, Any] | None = None, *,
+                      create: bool = True) -> None:
     """A state keeps the shard count it was made with (documents are placed by it): recorded once, in
-    the store, by a conditional create, and compared on every later start."""
+    the store, by a conditional create (with ``create``), and compared on every later start. Without
+    ``create`` (an export) a state that has none is refused: it is not a state of ``serve --shards``."""
     fs, root = open_fs(url, storage_options)
-    path = posixpath.join(root, SHARDS_NAME)
-    store = conditional_store(fs, path, f"{url.rstrip('/')}/{SHARDS_NAME}")
-    if store.create(json.dumps({"shards": shards}).encode()) is not None:
+    where = f"{url.rstrip('/')}/{SHARDS_NAME}"
+    store = conditional_store(fs, posixpath.join(root, SHARDS_NAME), where)
+    if create and store.create(json.dumps({"shards": shards}).encode()) is not None:
         return
     seen = store.read()
+    if seen is None:
+        raise StateError(f"{where}: missing; not the state of a gristmill serve --shards")
     try:
-        found = json.loads(seen.data)["shards"] if seen else None
+        found = json.loads(seen.data)["shards"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise StateError(f"{url.rstrip('/')}/{SHARDS_NAME}: unreadable ({exc})") from None
+        raise StateError(f"{where}: unreadable ({exc})") from None
     if found != shards:
-        raise StateError(f"{url.rstrip('/')}/{SHARDS_NAME}: this state was built with --shards {found}, not {shards}")
+        raise StateError(f"{where}: this state was built with --shards {found}, not {shards}")
 
 
 class ShardStore:
@@ -154,10 +160,9 @@ class ShardStore:
         return sorted(int(posixpath.basename(n)[:-4]) for n in names
                       if posixpath.basename(n).endswith(".seg") and posixpath.basename(n)[:-4].isdigit())
 
-    def open(self) -> Iterator[list[LogRecord]]:
+    def read(self) -> Iterator[list[LogRecord]]:
         """Every insert the store holds for this shard (the newest snapshot, then each segment after
-        it), in batches, then the log taken over by a fence segment of the next generation. A segment
-        another writer lands meanwhile is read too, and the fence tried after it."""
+        it), in batches; writes nothing, so an export can read the state of a shard that is serving."""
         self.fs.invalidate_cache()
         snapshots = self._numbers("snapshot")
         if snapshots:
@@ -166,12 +171,18 @@ class ShardStore:
             head, records = decode_segment(self.fs.cat_file(path), self._url(path), self.params)
             self.generation = max(self.generation, head["generation"])
             yield records
+        yield from self._read_after(self.last)
+
+    def open(self) -> Iterator[list[LogRecord]]:
+        """What :meth:`read` yields, then the log taken over by a fence segment of the next generation.
+        A segment another writer lands meanwhile is read too, and the fence tried after it."""
+        yield from self.read()
         while True:
-            yield from self._read_after(self.last)
             generation = self.generation + 1
             if self._create(self.last + 1, encode_segment(generation, self.last + 1, self.params, [])):
                 self.generation, self.last = generation, self.last + 1
                 return
+            yield from self._read_after(self.last)
 
     def _read_after(self, after: int) -> Iterator[list[LogRecord]]:
         numbers = [n for n in self._numbers("log") if n > after]
@@ -216,21 +227,65 @@ class ShardStore:
         path = self._path("snapshot", seq)
         conditional_store(self.fs, path, self._url(path)).create(data)  # taken: the same content
 
-    def write_placement(self, fields: Mapping[str, Any]) -> None:
-        self.fs.pipe_file(posixpath.join(self.root, "placement.json"),
-                          json.dumps({**fields, "generation": self.generation, "since": time.time()}).encode())
+    def record_placement(self, fields: Mapping[str, Any]) -> None:
+        """Record in the store where this generation runs (``fields``: node, host, pid), once its fence
+        has landed, so that a front started anywhere finds it. Replaced by compare-and-swap and never
+        over a newer generation's record: a writer overtaken between its fence and this write is
+        :class:`Fenced` instead (and writes nothing more), so the record names the shard's current
+        incarnation, not a stale one."""
+        path = posixpath.join(self.root, PLACEMENT_NAME)
+        store = conditional_store(self.fs, path, self._url(path))
+        data = json.dumps({**fields, "generation": self.generation, "since": time.time()}).encode()
+        while True:
+            seen = store.read()
+            if seen is None:
+                if store.create(data) is not None:
+                    return
+                continue
+            try:
+                recorded = _placement(seen.data, self._url(path))["generation"]
+            except StateError as exc:
+                log.warning("%s; replaced by generation %d's", exc, self.generation)
+                recorded = 0
+            if recorded > self.generation:
+                self.fenced = (f"{self._url(path)} names generation {recorded} of this shard; generation "
+                               f"{self.generation} writes no more")
+                raise Fenced(self.fenced)
+            if store.swap(data, seen) is not None:
+                return
 
     def _url(self, path: str) -> str:
         return f"{self.url}/{posixpath.relpath(path, self.root)}"
 
 
-def read_placement(url: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
-    """What the shard at ``url`` last recorded about where it runs, or None before its first start."""
-    fs, root = open_fs(url, storage_options)
+def _placement(data: bytes, where: str) -> dict[str, Any]:
+    """A placement record as a shard writes it, or a :class:`StateError` naming ``where``."""
     try:
-        return json.loads(fs.cat_file(posixpath.join(root, "placement.json")))
-    except FileNotFoundError:
-        return None
+        fields = json.loads(data)
+        if not isinstance(fields, dict) or type(fields.get("generation")) is not int or fields["generation"] < 1:
+            raise ValueError("no generation number")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise StateError(f"{where}: not a shard's placement record ({exc})") from None
+    return fields
+
+
+def read_placements(url: str, shards: int,
+                    storage_options: Mapping[str, Any] | None = None) -> list[dict[str, Any] | None]:
+    """Where each shard of the state at ``url`` last recorded that it runs, and in which generation
+    (None for a shard not started yet): one ``GET`` per shard, issued together."""
+    fs, root = open_fs(url.rstrip("/"), storage_options)
+    paths = [posixpath.join(root, f"shard-{k}", PLACEMENT_NAME) for k in range(shards)]
+    fs.invalidate_cache()
+    found = fs.cat(paths, on_error="return")
+    placements: list[dict[str, Any] | None] = []
+    for k, path in enumerate(paths):
+        if isinstance(found[path], FileNotFoundError):
+            placements.append(None)
+        elif isinstance(found[path], BaseException):
+            raise found[path]
+        else:
+            placements.append(_placement(found[path], f"{url.rstrip('/')}/shard-{k}/{PLACEMENT_NAME}"))
+    return placements
 
 
 def index_records(start: int, stop: int, ids: IdColumn, rows: np.ndarray) -> Iterator[LogRecord]:

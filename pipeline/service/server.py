@@ -244,7 +244,7 @@ def make_app(
         return await check_or_add(request, add_route=True)
 
     async def stats(request: web.Request) -> web.Response:
-        return web.json_response(service.stats())
+        return web.json_response(await service.report())
 
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "documents": service.stats()["documents"]})

@@ -50,7 +50,7 @@ from gristmill.pipeline.service.core import (
     fingerprints,
     verdict,
 )
-from gristmill.pipeline.service.durable import ShardStore, Shipper, Ticket, check_shard_count
+from gristmill.pipeline.service.durable import ShardStore, Shipper, Ticket, check_shard_count, read_placements
 from gristmill.pipeline.service.index import MAX_NEAR_DUPLICATES
 from gristmill.pipeline.service.insert_log import LogError, LogRecord
 from gristmill.pipeline.service.snapshot import StateError, lock_state
@@ -89,13 +89,10 @@ class Shard:
             self.shipper: Shipper | None = None
             return
         self.scratch = scratch_folder(part[0])
-        # the local snapshots of a scratch copy would be thrown away: only the store's count
-        self.service = DedupService(self.scratch, parsed, index_url=index_url, compact_every=2**62, part=part)
+        self.service, store = copy_from_store(self.scratch, parsed, index_url, part, store_url, take_over=True)
         try:
-            store = ShardStore(store_url, self.service.params)
-            self.service.replay(record for batch in store.open() for record in batch)
             self.shipper = Shipper(store, self.service.index, compact_every)
-            store.write_placement({"node": self.node(), "host": socket.gethostname(), "pid": os.getpid()})
+            store.record_placement({"node": self.node(), "host": socket.gethostname(), "pid": os.getpid()})
         except BaseException:
             self.close()
             raise
@@ -160,6 +157,26 @@ class Shard:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+def copy_from_store(scratch: str, params: IndexParams | None, index_url: str | None, part: tuple[int, int],
+                    store_url: str, *, take_over: bool) -> tuple[DedupService, ShardStore]:
+    """Shard ``part`` rebuilt in the local folder ``scratch`` from the store: its part of the corpus
+    index, then every insert the store holds for it. With ``take_over`` the shard's log is then
+    claimed by a new generation (a shard about to serve); without, nothing is written (an export).
+    ``scratch`` is removed when the copy cannot be made."""
+    service = None
+    try:
+        # the local snapshots of a scratch copy would be thrown away: only the store's count
+        service = DedupService(scratch, params, index_url=index_url, compact_every=2**62, part=part)
+        store = ShardStore(store_url, service.params)
+        service.replay(record for batch in (store.open() if take_over else store.read()) for record in batch)
+    except BaseException:
+        if service is not None:
+            service.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return service, store
+
+
 def scratch_folder(k: int) -> str:
     """A new folder on this node for a shard's scratch copy; those of shards no longer running go
     (their lock is free: a killed process leaves its folder behind). One without a lock file yet is
@@ -177,7 +194,7 @@ def scratch_folder(k: int) -> str:
 
 class ShardedService:
     """The HTTP front's side of ``serve --shards``: hashing, routing and the add lock; the same
-    ``handle``/``stats``/``counters`` as :class:`DedupService`, so one HTTP app serves both.
+    ``handle``/``stats``/``report``/``counters`` as :class:`DedupService`, so one HTTP app serves both.
 
     ``state`` on a store (``s3://...``): the shard count and each shard's log live there, shards are
     spread over the nodes by Ray and restart on any node. A local folder: each shard's folder is on
@@ -195,13 +212,12 @@ class ShardedService:
         actor = ray.remote(Shard)
         options = {"num_cpus": 0, "max_restarts": -1, "max_concurrency": 64, "namespace": NAMESPACE}
         config = (params_to_dict(params) if params else None, index_url)
+        state = self.state = state.rstrip("/") if self.durable else os.path.abspath(state)
         if self.durable:
-            state = state.rstrip("/")
             check_shard_count(state, shards)
             self.shards = [actor.options(**options, name=shard_name(state, k), scheduling_strategy="SPREAD").remote(
                 None, *config, (k, shards), compact_every, f"{state}/shard-{k}") for k in range(shards)]
         else:
-            state = os.path.abspath(state)
             os.makedirs(state, exist_ok=True)
             _check_shard_count(state, shards)
             nodes = list(nodes or [n["NodeID"] for n in ray.nodes() if n["Alive"]])
@@ -302,6 +318,18 @@ class ShardedService:
                 "checked": c.checked, "new": c.new, "added": c.added, "exact_duplicates": c.exact_duplicates,
                 "near_duplicates": c.near_duplicates, "bad_requests": c.bad_requests,
                 "params": params_to_dict(self.params)}
+
+    async def report(self) -> dict[str, Any]:
+        """:meth:`stats`, and with a state on a store each shard's generation and placement as the store
+        records them (read at each call, off the event loop): what a front started anywhere sees."""
+        report = self.stats()
+        if self.durable:
+            try:
+                report["placement"] = await asyncio.get_running_loop().run_in_executor(
+                    None, read_placements, self.state, len(self.shards))
+            except (OSError, StateError) as exc:
+                raise Unavailable(f"cannot read the shards' placement from the store ({exc})") from None
+        return report
 
     def start(self) -> None:
         """Nothing to start: each shard compacts its own state."""
