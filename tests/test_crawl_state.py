@@ -70,27 +70,28 @@ operations = st.lists(st.one_of(
 @given(operations)
 def test_the_hub_hands_every_link_over_until_it_is_acknowledged(steps: list[tuple[str, int, object]]) -> None:
     hub = MemoryHub()
+    generation = {index: hub.join(index)[0] for index in (0, 1)}
     posted: dict[int, list[str]] = {0: [], 1: []}
     held: dict[int, set[str]] = {0: set(), 1: set()}  # links a partition admitted and acknowledged
     pending: dict[int, set[str]] = {0: set(), 1: set()}  # taken, not yet acknowledged (lost on a restart)
     for number, (kind, index, value) in enumerate(steps):
         if kind == "post":
             links = [Link(f"http://h{index}.test/{number}-{i}", 1, 0, None, 0, True) for i in range(value)]
-            hub.post(1 - index, index, links, number)
+            hub.post(1 - index, generation[1 - index], index, links, number)
             posted[index] += [link.url for link in links]
         elif kind == "take":
-            token, links = hub.take(index)
+            token, links = hub.take(index, generation[index])
             pending[index] |= {link.url for link in links}
             if value and token is not None:
-                hub.acknowledge(index, token)
+                hub.acknowledge(index, generation[index], token)
                 held[index] |= pending[index]
                 pending[index] = set()
         else:
-            hub.join(index)
+            generation[index] = hub.join(index)[0]
             pending[index] = set()
     for index in (0, 1):
-        hub.join(index)
-        _token, links = hub.take(index)
+        generation[index] = hub.join(index)[0]
+        _token, links = hub.take(index, generation[index])
         again = {link.url for link in links}
         assert held[index] | again == set(posted[index]), "a link was lost"
         assert not held[index] & again, "an acknowledged link came again"
