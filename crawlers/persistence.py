@@ -78,8 +78,6 @@ class Persistence:
     def _checkpoint(self) -> None:
         """Save the frontier to the store (in the commit's thread), then acknowledge the links it holds."""
         assert self.checkpoint is not None
-        if self.fenced is not None:  # a commit begun before the refusal: no copy the hub would refuse
-            raise self.fenced
         taken = self.exchange.checkpointing() if self.exchange is not None else []
         try:
             self.checkpoint.save(self.state_path)

@@ -14,8 +14,10 @@ import asyncio
 import copy
 import pickle
 import posixpath
+import sqlite3
 import tempfile
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +27,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gristmill.crawlers import crawl
-from gristmill.crawlers.commits import crawl_stats, publish_segments
+from gristmill.crawlers.commits import CommitLoop, Committer, crawl_stats, publish_segments
 from gristmill.crawlers.config import CrawlConfig
 from gristmill.crawlers.crawler import Crawler
+from gristmill.crawlers.frontier import Frontier, ResultLog
 from gristmill.crawlers.hub import Fenced, MemoryHub
 from gristmill.crawlers.partitions import Link, Partition
 from gristmill.crawlers.persistence import Persistence
@@ -158,6 +161,45 @@ def test_a_zombies_checkpoint_is_refused_and_its_successor_restores_the_accepted
     rerun.frontier.close()
 
 
+class CommitsDuringTheNextJoin(MemoryHub):
+    """A hub where ``before_join`` runs inside the next join: the old incarnation commits once more
+    after the new one listed the store and before it joined (the race a restart always has)."""
+
+    before_join: Any = None
+
+    def join(self, index: int, stored: int = 0) -> tuple[int, str | None]:
+        if self.before_join is not None:
+            self.before_join()
+            self.before_join = None
+        return super().join(index, stored)
+
+
+def test_a_restart_restores_the_copy_accepted_last_not_the_newest_it_listed(
+        s3_server: dict, s3_bucket: str, nodes: Any) -> None:
+    options = s3_server["storage_options"]
+    output, config = f"{s3_bucket}/raw", CrawlConfig(storage_options=options)
+    part, hub = Partition(0, 2, f"{output}/_crawl"), CommitsDuringTheNextJoin()
+    nodes("a")
+    old = Persistence(output, config, part, hub)
+    old.start(None, pytest.fail)
+    store_pages(old.frontier, 0, 2)
+    old.committer.flush(crawl_stats(old.frontier))
+
+    def one_more_commit() -> None:  # accepted and published: its shard must survive the restart
+        store_pages(old.frontier, 2, 2)
+        old.committer.flush(crawl_stats(old.frontier))
+
+    hub.before_join = one_more_commit
+    nodes("b")
+    new = Persistence(output, config, part, hub)  # listed frontier-1-1 only, joined after 1-2 was accepted
+    assert new.frontier.documents() == 4
+    new.start(None, pytest.fail)  # removes no shard the old incarnation's last listing names
+    publish_segments(output, hub.segments()[1], options)
+    assert sorted(_stored_urls(output, options)) == sorted(f"http://a.test/{n}" for n in range(4))
+    new.close()
+    old.close()
+
+
 def test_a_crawl_without_a_hub_checkpoints_above_the_stores_generations(s3_bucket: str, s3_server: dict,
                                                                          nodes: Any) -> None:
     """One crawler has no hub: it is the only writer, and saves one generation above what it found."""
@@ -171,6 +213,26 @@ def test_a_crawl_without_a_hub_checkpoints_above_the_stores_generations(s3_bucke
     first.close()
     again = Checkpoint(state, options)
     assert sorted(again.stored) == [(1, 1)] and again.generation == 2
+
+
+def test_a_halted_commit_loop_writes_nothing_more_not_even_at_the_end(tmp_path: Path) -> None:
+    """A partition refused while handing its links over (the hook every commit runs first) halts its
+    commit loop there: that commit writes no shard, and neither does the final one."""
+    out, state = tmp_path / "out", tmp_path / "frontier.sqlite"
+    frontier, results = Frontier(str(state)), ResultLog(str(state))
+    committer = Committer(str(out), results, shard_bytes=1 << 20, row_group_bytes=1 << 16, warc=False)
+    commits = CommitLoop(committer, frontier, CrawlConfig(), on_error=pytest.fail,
+                         before_commit=lambda: commits.halt())  # as Incarnation's on_fenced does
+    store_pages(frontier, 0, 3)
+
+    async def crawl_ends() -> None:
+        commits.commit()
+        await commits.finish()
+
+    asyncio.run(crawl_ends())
+    assert not list(out.glob("*.parquet")) and results.unsharded_count() == 3
+    frontier.close()
+    results.close()
 
 
 class RestartedAtFirstCheckpoint(MemoryHub):
@@ -199,17 +261,25 @@ def test_a_fenced_partition_halts_and_its_successor_stores_every_page_once(
     crawl(site.seeds, str(tmp_path / "single"), host_map=site.host_map, **SETTINGS)
     single = set(Corpus.open(str(tmp_path / "single")).to_table(["url"])["url"].to_pylist())
     output = f"{s3_bucket}/raw"
-    config = CrawlConfig(host_map=site.host_map, storage_options=options, commit_every=3, commit_interval=0.2,
+    # a commit every 3 pages and no other (the interval is longer than the test): the zombie's first
+    # refusal comes with 3 pages waiting for a shard
+    config = CrawlConfig(host_map=site.host_map, storage_options=options, commit_every=3, commit_interval=600.0,
                          **SETTINGS)
     part, hub = Partition(0, 1, f"{output}/_crawl"), RestartedAtFirstCheckpoint()
 
     nodes("a")
     zombie = Crawler(site.seeds, output, config, partition=part, hub=hub)
     with pytest.raises(Fenced, match="partition 0 generation 1 is fenced: generation 2"):
-        asyncio.run(asyncio.wait_for(zombie.run(), 60))  # never told to stop: only the fence ends it
+        asyncio.run(zombie.run())  # never told to stop: only the fence ends it (else the test times out)
     _version, segments = hub.segments()
     assert [segment["shards"] for segment in segments] == [[]]  # only its start-up listing went out
-    assert _checkpoints(s3fs.S3FileSystem(**options), part.checkpoint) == {"frontier-1-1.sqlite"}
+    fs = s3fs.S3FileSystem(**options)
+    assert _checkpoints(fs, part.checkpoint) == {"frontier-1-1.sqlite"}
+    fs.get_file(f"{part.checkpoint}/frontier-1-1.sqlite", str(tmp_path / "accepted.sqlite"))
+    with closing(sqlite3.connect(tmp_path / "accepted.sqlite")) as accepted:
+        recorded = {name for (name,) in accepted.execute("SELECT name FROM shards")}
+    written = {posixpath.basename(path) for path in fs.glob(f"{output}/crawl-p0-*.parquet")}
+    assert recorded and written == recorded  # no shard written after the refusal, not even at its end
 
     nodes("b")
     hub.finish()  # the coordinator's stop: the successor ends once nothing is left
@@ -219,3 +289,18 @@ def test_a_fenced_partition_halts_and_its_successor_stores_every_page_once(
     publish_segments(output, hub.segments()[1], options)
     urls = _stored_urls(output, options)
     assert len(urls) == len(set(urls)) and set(urls) == single
+
+
+def test_a_refusal_crosses_ray_as_the_hubs_own_one_line_error(ray_local: None) -> None:
+    """On a cluster the hub is a Ray actor: its Fenced reaches the zombie as itself, not as Ray's
+    RayTaskError with the actor's traceback in its message."""
+    import ray
+
+    from gristmill.pipeline.commands.crawl import ActorHub
+
+    hub = ActorHub(ray.remote(num_cpus=0)(MemoryHub).remote())
+    assert hub.join(0, 4) == (5, None)
+    assert hub.join(0) == (6, None)
+    with pytest.raises(Fenced) as refused:
+        hub.publish(0, 5, {"shards": [], "stats": {}, "warc_files": []})
+    assert str(refused.value) == str(Fenced(0, 5, 6))
