@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -96,3 +97,26 @@ def test_the_hub_hands_every_link_over_until_it_is_acknowledged(steps: list[tupl
         assert held[index] | again == set(posted[index]), "a link was lost"
         assert not held[index] & again, "an acknowledged link came again"
         assert hub.waiting([index]) == 0
+
+
+def test_a_save_costs_one_put_and_one_delete_and_no_commit_lists_the_store(store: Any, s3_bucket: str,
+                                                                            tmp_path: Path) -> None:
+    """Counted at the store (benchmarks/shaped_store.py): a LIST when a crawl starts, then each save one
+    PUT of a copy under a new name and one DELETE of the copy it supersedes."""
+    options = {"client_kwargs": {"endpoint_url": store.endpoint}, "skip_instance_cache": True}
+    local = tmp_path / "frontier.sqlite"
+    store.reset_stats()
+    checkpoint = Checkpoint(f"{s3_bucket}/state/p0", options)
+    assert {kind for kind, _path in store.log} == {"LIST"}  # (s3fs: and its parent)
+    frontier = Frontier(str(local), restore=checkpoint.restore)
+    per_save = []
+    for number in range(4):
+        with frontier.transaction():
+            frontier.add(f"http://a.test/{number}", "http://a.test", 0)
+        store.reset_stats()
+        assert checkpoint.save(str(local))
+        per_save.append(sorted(kind for kind, _path in store.log))
+    frontier.close()
+    checkpoint.close()
+    assert per_save[1:] == [["POST", "PUT"]] * 3, per_save  # s3fs deletes with one POST ?delete
+    assert sorted(Checkpoint(f"{s3_bucket}/state/p0", options).stored) == [(1, 4)]
