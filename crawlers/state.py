@@ -132,12 +132,12 @@ class Checkpoint:
     def _listing(self) -> dict[tuple[int, int], str]:
         self.fs.invalidate_cache(self.root)  # another node may have written since this process last looked
         try:
-            paths = self.fs.ls(self.root, detail=False)
+            entries = self.fs.ls(self.root, detail=True)
         except FileNotFoundError:
             return {}
         found = {}
-        for path in paths:
-            match = CHECKPOINT_NAME.fullmatch(posixpath.basename(path))
+        for path in (entry["name"] for entry in entries if entry.get("type") == "file"):  # a folder never is one
+            match = CHECKPOINT_NAME.fullmatch(posixpath.basename(path.rstrip("/")))
             if match is not None:
                 found[(int(match["generation"] or 0), int(match["save"] or 0))] = path
         return found

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +122,35 @@ def test_a_save_costs_one_put_and_one_delete_and_no_commit_lists_the_store(store
     checkpoint.close()
     assert per_save[1:] == [["POST", "PUT"]] * 3, per_save  # s3fs deletes with one POST ?delete
     assert sorted(Checkpoint(f"{s3_bucket}/state/p0", options).stored) == [(1, 4)]
+
+
+copies = st.lists(st.tuples(st.integers(0, 40), st.integers(1, 40)), unique=True, max_size=8)
+strays = st.lists(st.sampled_from(["{}.tmp", ".{}", "{}~", "x{}", "{}.restoring", "{}-wal", "{}/"]), max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(copies, strays, st.booleans())
+def test_only_checkpoint_names_count_and_the_newest_is_restored(saves: list[tuple[int, int]], wrappers: list[str],
+                                                               legacy: bool) -> None:
+    """A folder holding copies, an unnumbered ``frontier.sqlite`` from before generations, and strays
+    (a half-done upload, a backup, a name that only looks alike): the strays never count."""
+    with tempfile.TemporaryDirectory() as folder:
+        names = [f"frontier-{generation}-{save}.sqlite" for generation, save in saves]
+        names += ["frontier.sqlite"] * legacy
+        for number, wrapper in enumerate(wrappers):
+            stray = wrapper.format(f"frontier-{99 + number}-1.sqlite")
+            os.makedirs(os.path.join(folder, os.path.dirname(stray)), exist_ok=True)
+            if not stray.endswith("/"):
+                Path(folder, stray).write_text(stray)
+        for name in names:
+            Path(folder, name).write_text(name)
+        checkpoint = Checkpoint(folder)
+        assert sorted(checkpoint.stored) == sorted(saves + [(0, 0)] * legacy)
+        assert checkpoint.generation == max([generation for generation, _save in saves] + [0]) + 1
+        local = os.path.join(folder, "node", "frontier.sqlite")
+        os.makedirs(os.path.dirname(local))
+        assert checkpoint.restore(local) == bool(names)
+        if names:
+            newest = max(saves) if saves else (0, 0)
+            expected = f"frontier-{newest[0]}-{newest[1]}.sqlite" if saves else "frontier.sqlite"
+            assert Path(local).read_text() == expected
