@@ -182,7 +182,8 @@ class Checkpoint:
         version = self._source.execute("PRAGMA data_version").fetchone()[0]
         if version == self._version:
             return False
-        name = f"frontier-{self.generation}-{self._saves + 1}.sqlite"
+        self._saves += 1  # a name per upload, accepted or not: none is ever written twice
+        name = f"frontier-{self.generation}-{self._saves}.sqlite"
         path = posixpath.join(self.root, name)
         folder = os.path.dirname(local)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".checkpoint-", suffix=".sqlite") as copy:
@@ -196,9 +197,11 @@ class Checkpoint:
             if self.accept is not None:
                 self.accept(name)
         except Fenced:
-            self._remove([path])  # nobody may restore a copy the hub refused (another error: it may have taken it)
+            self._remove([path])  # nobody may restore a copy the hub refused
             raise
-        self._saves += 1
+        except BaseException:
+            self._superseded.append(path)  # the hub may have taken it: it goes once a later copy is accepted
+            raise
         self._version = version
         superseded, self._superseded = self._superseded, [path]
         self._remove(superseded)

@@ -154,3 +154,32 @@ def test_only_checkpoint_names_count_and_the_newest_is_restored(saves: list[tupl
             newest = max(saves) if saves else (0, 0)
             expected = f"frontier-{newest[0]}-{newest[1]}.sqlite" if saves else "frontier.sqlite"
             assert Path(local).read_text() == expected
+
+
+def test_a_copy_the_hub_may_have_taken_stays_until_a_later_one_is_accepted(tmp_path: Path) -> None:
+    """The hub unreachable at a save (not a refusal): it may have accepted the copy before the answer
+    was lost, so the copy stays; the next save has a name of its own, and once accepted both go."""
+    answers = iter([ConnectionError("hub unreachable"), None])
+
+    def accept(name: str) -> None:
+        answer = next(answers)
+        if answer is not None:
+            raise answer
+
+    store, local = tmp_path / "store", tmp_path / "node" / "frontier.sqlite"
+    local.parent.mkdir()
+    checkpoint = Checkpoint(str(store))
+    checkpoint.begin(1, None, accept)
+    frontier = Frontier(str(local), restore=checkpoint.restore)
+    names = []
+    for number in range(2):
+        with frontier.transaction():
+            frontier.add(f"http://a.test/{number}", "http://a.test", 0)
+        try:
+            checkpoint.save(str(local))
+        except ConnectionError:
+            pass
+        names.append(sorted(path.name for path in store.iterdir()))
+    frontier.close()
+    checkpoint.close()
+    assert names == [["frontier-1-1.sqlite"], ["frontier-1-2.sqlite"]]
