@@ -179,6 +179,12 @@ class CommitLoop:
         self._running: asyncio.Future[int] | None = None
         self._published_at = -math.inf
         self._unpublished = False
+        self.halted = False  # set by halt(): this run may write nothing more
+
+    def halt(self) -> None:
+        """Commit nothing more, not even at the end (a partition whose hub fenced it: a newer incarnation
+        owns its frontier now; what this one holds is fetched again there). Safe from any thread."""
+        self.halted = True
 
     def stats(self) -> dict[str, Any]:
         return crawl_stats(self.frontier)
@@ -197,9 +203,11 @@ class CommitLoop:
 
     def commit(self) -> None:
         """Start a commit in a thread unless one is running (the next stored page starts it then)."""
+        if self.halted:
+            return
         if self.before_commit is not None:
-            self.before_commit()
-        if self._running is not None and not self._running.done():
+            self.before_commit()  # a partition fenced here halts this loop
+        if self.halted or (self._running is not None and not self._running.done()):
             return
         publish = publish_due(self._published_at, self.committer.publish_seconds, self.config.commit_interval)
         if publish:
@@ -211,7 +219,7 @@ class CommitLoop:
         self._running.add_done_callback(self._done)
 
     def _done(self, future: asyncio.Future[int]) -> None:
-        if not future.cancelled() and future.exception() is not None:
+        if not future.cancelled() and future.exception() is not None and not self.halted:
             self._unpublished = True  # the interval loop tries again, with whatever waits by then
             self.on_error(f"commit failed, its rows wait for the next one: {future.exception()!r}")
 
@@ -226,6 +234,8 @@ class CommitLoop:
         """The last commit of a run: wait for the one running, then write what is left and publish."""
         if self._running is not None:
             await asyncio.wait([self._running])  # a failure was logged; its rows are still pending
+        if self.halted:
+            return
         self.committer.flush(self.stats())
         self.pending = 0
         self._unpublished = False

@@ -44,9 +44,10 @@ class Crawler:
         self.hub = hub
         self.output = output
         self.seeds = list(seeds)
-        self.on_progress = on_progress
         self._errors: list[str] = []
         self.persistence = Persistence(output, self.config, partition, hub)
+        incarnation = self.persistence.incarnation  # a partition's: its progress goes to the hub
+        self.on_progress = on_progress or (incarnation.progress if incarnation is not None else None)
         self.frontier = self.persistence.frontier
         self.fetching = FetchLoop(self.config, self.frontier, partition, oracle, self._error)
         self.admission = self.fetching.admission
@@ -60,12 +61,17 @@ class Crawler:
         self.fetching.stop()
 
     async def run(self) -> CrawlSummary:
+        """Crawl until done or stopped; a partition fenced by its hub (a newer incarnation of it joined)
+        halts at the refusal, commits nothing more and raises :class:`~gristmill.crawlers.hub.Fenced`."""
         started = time.monotonic()
-        part = self.partition
-        self.exchange = None if self.hub is None or part is None else PartitionExchange(
-            self.hub, part, self.frontier, self.admission.admit_link, self._error,
+        incarnation = self.persistence.incarnation
+        self.exchange = None if incarnation is None else PartitionExchange(
+            incarnation, self.frontier, self.admission.admit_link, self._error,
             deferred=self.persistence.checkpoint is not None)
         self.commits = self.persistence.start(self.exchange, self._error)
+        self._loop = asyncio.get_running_loop()
+        if incarnation is not None:
+            incarnation.on_fenced = self._halt
         if self.config.retry_parked:
             self.frontier.unpark_all()
         await self.fetching.open()
@@ -87,7 +93,19 @@ class Crawler:
             finally:
                 summary = self._summary(time.monotonic() - started)
                 self.persistence.close()
+        if self.persistence.fenced is not None:
+            raise self.persistence.fenced
         return summary
+
+    def _halt(self, _refusal: Exception) -> None:
+        """Fenced (in whichever thread was refused): commit nothing more, at once, and stop fetching."""
+        self.commits.halt()
+        self._loop.call_soon_threadsafe(self._drop_in_flight)
+
+    def _drop_in_flight(self) -> None:
+        """Stop dispatching and cancel the pages in flight: the newer incarnation fetches them."""
+        self.fetching.stop()
+        self.fetching.stop()
 
     def enqueue(self, urls: Iterable[str], depth: int = 0) -> int:
         """Admit more URLs (seed-like: in scope, under the trap limits); returns how many were new."""

@@ -7,6 +7,9 @@ crawl's :mod:`gristmill.crawlers.admission`, passed in), reports idle or busy wi
 coordinator has stopped the crawl. Links taken from the hub are acknowledged only after they are
 admitted and the partition has reported itself busy (so the coordinator never sees them gone while
 the partition looks idle), and with the state on a store only after the next checkpoint holds them.
+Every call goes through the partition's :class:`~gristmill.crawlers.hub.Incarnation`, so a zombie's is
+refused (:class:`~gristmill.crawlers.hub.Fenced`); on the fetch loop's path (:meth:`swap`,
+:meth:`report`) the refusal has halted the crawl already, and this side then says nothing more.
 """
 
 from __future__ import annotations
@@ -17,19 +20,19 @@ from collections.abc import Callable
 from typing import Any
 
 from .frontier import Frontier
-from .hub import Hub
-from .partitions import ExchangeError, Link, Partition
+from .hub import Fenced, Incarnation
+from .partitions import ExchangeError, Link
 
 HEARTBEAT_S = 0.5  # an idle partition renews its status this often (the coordinator's proof it lives)
 
 
 class PartitionExchange:
-    """What partition ``partition`` says to and takes from ``hub``; ``admit`` takes one received link
-    inside the frontier transaction; ``deferred``: acknowledge received links only at checkpoints."""
+    """What a partition's ``incarnation`` says to and takes from the hub; ``admit`` takes one received
+    link inside the frontier transaction; ``deferred``: acknowledge received links only at checkpoints."""
 
-    def __init__(self, hub: Hub, partition: Partition, frontier: Frontier, admit: Callable[[Link], None],
+    def __init__(self, incarnation: Incarnation, frontier: Frontier, admit: Callable[[Link], None],
                  on_error: Callable[[str], None], deferred: bool) -> None:
-        self.hub, self.partition, self.frontier = hub, partition, frontier
+        self.hub, self.frontier = incarnation, frontier
         self.admit, self.on_error, self.deferred = admit, on_error, deferred
         self._unacknowledged: list[Any] = []  # links taken and admitted since the last checkpoint
         self._epoch = 0  # bumped whenever this partition gets work: the coordinator's proof of quiet
@@ -37,21 +40,27 @@ class PartitionExchange:
         self._reported_at = 0.0
 
     def join(self) -> None:
-        """At start: links taken before a restart and never acknowledged come again; report busy."""
-        self.hub.join(self.partition.index)
-        self.report(idle=False)
+        """At start (the incarnation has joined, so links taken before a restart and never acknowledged
+        come again): report busy; :class:`Fenced` if a newer incarnation joined meanwhile."""
+        self._report(idle=False)
 
     def swap(self) -> bool:
-        """Hand the outbox over, then admit what was handed to this partition; whether any arrived."""
-        index = self.partition.index
+        """Hand the outbox over, then admit what was handed to this partition; whether any arrived
+        (False once fenced)."""
+        try:
+            return self._swap()
+        except Fenced:
+            return False
+
+    def _swap(self) -> bool:
         while rows := self.frontier.outbox():
             by_destination: dict[int, list[Link]] = {}
             for _id, destination, *link in rows:
                 by_destination.setdefault(destination, []).append(Link(*link))
             for destination, links in by_destination.items():
-                self.hub.post(index, destination, links, rows[-1][0])
+                self.hub.post(destination, links, rows[-1][0])
             self.frontier.handed_over(rows[-1][0])
-        token, links = self.hub.take(index)
+        token, links = self.hub.take()
         if not token:
             return False
         with self.frontier.transaction():
@@ -60,11 +69,11 @@ class PartitionExchange:
                     self.on_error(str(link))
                 else:
                     self.admit(link)
-        self.report(idle=False)
+        self._report(idle=False)
         if self.deferred:
             self._unacknowledged.append(token)
         else:
-            self.hub.acknowledge(index, token)
+            self.hub.acknowledge(token)
         return True
 
     def checkpointing(self) -> list[Any]:
@@ -76,20 +85,27 @@ class PartitionExchange:
 
     def checkpointed(self, taken: list[Any]) -> None:
         for token in taken:
-            self.hub.acknowledge(self.partition.index, token)
+            self.hub.acknowledge(token)
 
     def not_checkpointed(self, taken: list[Any]) -> None:
         self._unacknowledged[:0] = taken
 
     def report(self, idle: bool) -> None:
-        """Tell the coordinator whether this partition is idle; every busy report is a new epoch, and an
-        idle one is renewed every :data:`HEARTBEAT_S` (a dead partition's status goes stale)."""
+        """Tell the coordinator whether this partition is idle (nothing, once fenced)."""
+        try:
+            self._report(idle)
+        except Fenced:
+            return
+
+    def _report(self, idle: bool) -> None:
+        """Every busy report is a new epoch, and an idle one is renewed every :data:`HEARTBEAT_S` (a
+        dead partition's status goes stale)."""
         now = time.time()
         if idle and self._reported_idle and now - self._reported_at < HEARTBEAT_S:
             return
         self._epoch += not idle
         self._reported_idle, self._reported_at = idle, now
-        self.hub.report(self.partition.index, idle, f"{os.getpid()}:{self._epoch}")
+        self.hub.report(idle, f"{os.getpid()}:{self._epoch}")
 
     def stopped(self) -> bool:
         """Whether the coordinator has found every partition idle and ended the crawl."""

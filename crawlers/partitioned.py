@@ -34,15 +34,13 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from gristmill.pipeline.format import open_fs
-
 from .commits import publish_due, publish_segments
 from .hub import FolderHub, Hub
 from .locks import hold
 from .oracle import DuplicateOracle
 from .partitions import Partition, deal, read_layout, write_layout
 from .progress import is_report, merged_report
-from .state import STATE_FILE, local_folder, state_url
+from .state import holds_frontier, local_folder, state_url
 
 log = logging.getLogger("gristmill.crawl")
 POLL_S = 0.1
@@ -54,12 +52,12 @@ COORDINATOR_LOCK = "coordinator.lock"
 
 def run_partition(seeds: list[str], output: str, config: Any, partition: Partition, hub: Hub,
                   oracle: DuplicateOracle | None, level: int) -> dict[str, Any]:
-    """One partition: crawl its hosts (resuming its frontier) until told to stop; its summary."""
+    """One partition: crawl its hosts (resuming its frontier) until told to stop; its summary
+    (:class:`~gristmill.crawlers.hub.Fenced` when a newer incarnation of it joined meanwhile)."""
     from .crawler import Crawler, run_until_signalled
 
     logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s p{partition.index} %(message)s", force=True)
-    summary, received = run_until_signalled(Crawler(seeds, output, config, partial(hub.progress, partition.index),
-                                                    oracle, partition, hub))
+    summary, received = run_until_signalled(Crawler(seeds, output, config, None, oracle, partition, hub))
     if received:
         summary.stopped_by = received[0].name
     return summary.to_dict()
@@ -185,18 +183,13 @@ def check_partitions(state: str, count: int, storage_options: Mapping[str, Any] 
     """Refuse (ValueError) to resume with another number of partitions: hosts would change owners."""
     layout = read_layout(state, storage_options)
     if layout is None:
-        if count > 1 and _exists(state.rstrip("/") + "/" + STATE_FILE, storage_options):
+        if count > 1 and holds_frontier(state, storage_options):
             raise ValueError(f"{state} holds a crawl with 1 partition, not {count}; resume it without --partitions")
         return
     found = layout["partitions"]
     if found != count:
         raise ValueError(f"{state} holds a crawl with {found} partitions, not {count}; resume it with the same "
                          "--partitions")
-
-
-def _exists(url: str, storage_options: Mapping[str, Any] | None) -> bool:
-    fs, path = open_fs(url, storage_options)
-    return bool(fs.exists(path))
 
 
 def partition_config(config: Any, partition: Partition) -> Any:

@@ -11,13 +11,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from functools import partial
 
 from .commits import SHARD_PREFIX, CommitLoop, Committer
 from .config import CrawlConfig
 from .exchange import PartitionExchange
 from .frontier import Frontier, ResultLog
-from .hub import Hub
+from .hub import Fenced, Hub, Incarnation
 from .partitions import Partition
 from .state import STATE_FILE, Checkpoint, is_remote, local_folder, state_url
 
@@ -27,13 +26,15 @@ log = logging.getLogger("gristmill.crawl")
 class Persistence:
     """The frontier of a crawl into ``output`` (a partition's own, checkpointed to the store when its
     state is remote), opened at once so URLs can be enqueued before the crawl runs; :meth:`start`
-    begins committing, :meth:`close` ends it."""
+    begins committing, :meth:`close` ends it.
+
+    A partition joins its hub here, before its frontier is restored: the join fences every earlier
+    incarnation, so none can have a newer checkpoint accepted than the one restored."""
 
     def __init__(self, output: str, config: CrawlConfig, partition: Partition | None, hub: Hub | None) -> None:
         self.output = output
         self.config = config
         self.partition = partition
-        self.hub = hub
         if partition is not None:
             folder, durable = partition.folder, partition.checkpoint
         else:
@@ -43,6 +44,12 @@ class Persistence:
         os.makedirs(folder, exist_ok=True)
         self.state_path = os.path.join(folder, STATE_FILE)
         self.checkpoint = Checkpoint(durable, config.storage_options) if durable is not None else None
+        self.incarnation: Incarnation | None = None
+        if hub is not None and partition is not None:
+            self.incarnation = Incarnation(hub, partition.index, self.checkpoint.latest if self.checkpoint else 0)
+            if self.checkpoint is not None:
+                self.checkpoint.begin(self.incarnation.generation, self.incarnation.accepted,
+                                      self.incarnation.checkpointed)
         self.frontier = Frontier(self.state_path, config.synchronous,
                                  restore=self.checkpoint.restore if self.checkpoint is not None else None)
         self.exchange: PartitionExchange | None = None
@@ -58,12 +65,12 @@ class Persistence:
                                    row_group_bytes=cfg.row_group_bytes, warc=cfg.warc,
                                    storage_options=cfg.storage_options,
                                    prefix=part.shard_prefix if part else SHARD_PREFIX,
-                                   segment=partial(self.hub.publish, part.index) if self.hub and part else None,
+                                   segment=self.incarnation.publish if self.incarnation else None,
                                    checkpoint=self._checkpoint if self.checkpoint is not None else None)
         commits = CommitLoop(self.committer, self.frontier, cfg, on_error,
                              exchange.swap if exchange is not None else None)
         if exchange is not None:
-            exchange.join()
+            exchange.join()  # Fenced here, before deleting anything, if a newer incarnation joined already
         for orphan in self.committer.remove_orphans():
             log.info("removed %s: written by an interrupted commit, never listed by a manifest", orphan)
         return commits
@@ -80,6 +87,11 @@ class Persistence:
             raise
         if self.exchange is not None:
             self.exchange.checkpointed(taken)
+
+    @property
+    def fenced(self) -> Fenced | None:
+        """The hub's refusal of this partition's calls (a newer incarnation joined), if it came."""
+        return self.incarnation.fenced if self.incarnation is not None else None
 
     def close(self) -> None:
         """Close the frontier; a checkpointed one's local copy goes (a restart starts from the store's)."""

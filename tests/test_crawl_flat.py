@@ -40,6 +40,8 @@ from gristmill.crawlers.partitions import (
 from gristmill.crawlers.progress import is_report, merged_report
 from gristmill.pipeline.format import Corpus
 
+from frontier_pages import store_pages  # isort: skip
+
 OUTCOMES = ["ok", "http 404", "robots: disallowed by robots.txt", "failed: http 503 (after 4 attempts)",
             "duplicate: of abc (dedup service)", "redirect", "empty: no main text"]
 
@@ -221,20 +223,6 @@ def test_a_hostile_partition_layout_is_refused_naming_the_file(tmp_path: Path, l
             read_layout(str(tmp_path))
 
 
-def _store_pages(frontier: Frontier, first: int, count: int) -> None:
-    """``count`` fetched pages waiting in the frontier for a commit, as the crawler stores them."""
-    with frontier.transaction():
-        for number in range(first, first + count):
-            url = f"http://a.test/{number}"
-            request = frontier.add(url, "http://a.test", 0)
-            assert request is not None
-            frontier.store_result(request, {
-                "id": f"{number:032x}", "text": f"page {number}", "url": url, "final_url": url, "status": 200,
-                "fetch_time": 1_700_000_000_000, "domain": "a.test", "language": "en",
-                "content_hash": f"{number:032x}", "depth": 0, "encoding": "utf-8"})
-            frontier.finish(request, "ok")
-
-
 def test_a_slow_listing_is_published_within_its_share_and_always_at_the_end(tmp_path: Path) -> None:
     """Publishing lists every shard (O(shards)): a publication that took T seconds is not repeated
     before T / PUBLISH_SHARE, whatever ``commit_interval`` says, though every commit still writes its
@@ -250,7 +238,7 @@ def test_a_slow_listing_is_published_within_its_share_and_always_at_the_end(tmp_
         return len(Corpus.open(str(out)).manifest.shards)
 
     async def commit(first: int) -> None:
-        _store_pages(frontier, first, 3)
+        store_pages(frontier, first, 3)
         loop.commit()
         assert loop._running is not None
         await loop._running

@@ -268,7 +268,9 @@ class RayLauncher:
     calls to one actor (crawlers.hub.MemoryHub) on the head node (whose loss ends the cluster
     anyway), never as files. Why Ray's own restarts: when a node dies, Ray starts the actor again
     on another node and retries its crawl call, which resumes the partition from its last
-    checkpoint on the store; the coordinator only sees a partition die once those retries are spent. Why a placement group: SPREAD alone is best
+    checkpoint on the store; the coordinator only sees a partition die once those retries are spent.
+    The restarted actor joins the hub with a new generation, which fences the old one should its node
+    come back (crawlers.hub.Fenced: it stops and writes nothing more). Why a placement group: SPREAD alone is best
     effort (two partitions landed on one node); STRICT_SPREAD puts each on its own node, and where
     the cluster has fewer nodes than partitions the launcher falls back to SPREAD and says so.
     A signal ends the actors at once (like a crash: a re-run resumes from the checkpoints).
@@ -355,7 +357,8 @@ class RayLauncher:
 
 class ActorHub:
     """A crawlers.hub.Hub whose calls go to a MemoryHub actor: partitions and coordinator share it
-    wherever they run (it pickles as its actor handle)."""
+    wherever they run (it pickles as its actor handle). The actor's refusal of a stale generation
+    comes back as the crawlers.hub.Fenced it raised (not wrapped), so its one-line message is kept."""
 
     def __init__(self, actor: Any) -> None:
         self.actor = actor
@@ -368,7 +371,14 @@ class ActorHub:
         def call(*args: Any) -> Any:
             import ray
 
-            return ray.get(method.remote(*args))
+            from gristmill.crawlers.hub import Fenced
+
+            try:
+                return ray.get(method.remote(*args))
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, Fenced):
+                    raise exc.cause from None
+                raise
 
         return call
 
