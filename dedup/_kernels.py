@@ -108,13 +108,23 @@ def fold(data, offsets, table, punctuation, digits, whitespace):
     run of white space becomes one space with none at either end. Returns new ``(data, offsets)``;
     the output is never longer than the input.
     """
-    n = offsets.shape[0] - 1
-    out = np.empty(data.shape[0], dtype=np.uint8)
+    return fold_ranges(data, offsets[:-1], offsets[1:], table, punctuation, digits, whitespace)
+
+
+@njit(cache=True)
+def fold_ranges(data, starts, ends, table, punctuation, digits, whitespace):
+    """``fold`` of the byte ranges ``starts[i]:ends[i]`` of ``data`` (the spans of a batch), each
+    folded on its own: the folded ranges one after the other, with their offsets."""
+    n = starts.shape[0]
+    total = 0
+    for d in range(n):
+        total += ends[d] - starts[d]
+    out = np.empty(total, dtype=np.uint8)
     out_offsets = np.zeros(n + 1, dtype=np.int64)
     o = 0
     for d in range(n):
-        i = offsets[d]
-        end = offsets[d + 1]
+        i = starts[d]
+        end = ends[d]
         start = o
         pending_space = False
         while i < end:

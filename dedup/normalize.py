@@ -135,6 +135,11 @@ def utf8_batch(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
             except UnicodeEncodeError as err:
                 raise ValueError(f"document {i} is not valid Unicode: {err}") from None
         raise
+    return utf8_buffers(array)
+
+
+def utf8_buffers(array: pa.LargeStringArray) -> tuple[np.ndarray, np.ndarray]:
+    """The bytes and int64 offsets (``n + 1``) of a large_string array, without a copy."""
     _, offsets_buf, data_buf = array.buffers()
     offsets = np.frombuffer(offsets_buf, dtype=np.int64)[array.offset : array.offset + len(array) + 1]
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
