@@ -84,13 +84,21 @@ def _skip_hspace(data, i, end):
 
 @njit(cache=True)
 def _sentence_end(data, i, cp, end, table):
-    """The end of the sentence starting at byte ``i`` (code point ``cp``) of the line ending at ``end``
-    (after its newline, if it has one): (byte, code point, whether the sentence is white space only)."""
+    """The end of the sentence starting at byte ``i`` (code point ``cp``), before byte ``end`` (the
+    document's end): (byte, code point, whether the sentence is white space only). A sentence ends at
+    the latest after the newline that ends its line."""
     blank = True
     while i < end:
-        c, size = _decode(data, i)
-        if c == _NEWLINE:
+        byte = data[i]
+        if byte == _NEWLINE:
             return i + 1, cp + 1, blank
+        if byte < 0x80 and byte != 0x2E and byte != 0x21 and byte != 0x3F:  # ASCII, no full stop
+            if blank and table[byte] != CLASS_SPACE:
+                blank = False
+            i += 1
+            cp += 1
+            continue
+        c, size = _decode(data, i)
         if _is_latin_end(c) or _is_cjk_end(c):
             latin = _is_latin_end(c)
             r, rcp = i, cp
@@ -208,21 +216,18 @@ def _scan_document(data, first, last, table, mode, group, d, fill, count, doc, s
                 count += 1
             i, cp = stop, stop_cp
             continue
-        line_stop, _, _ = _line_end(data, i, cp, last, table)
-        while i < line_stop:  # ``group`` sentences at a time, from the start of the line
-            stop, stop_cp, blank = i, cp, True
-            for _ in range(group):
-                if stop >= line_stop:
-                    break
-                stop, stop_cp, piece_blank = _sentence_end(data, stop, stop_cp, line_stop, table)
-                blank = blank and piece_blank
-            if not blank:
-                if fill:
-                    doc[count] = d
-                    spans[count, 0], spans[count, 1], spans[count, 2], spans[count, 3] = (i - first, stop - first,
-                                                                                          cp, stop_cp)
-                count += 1
-            i, cp = stop, stop_cp
+        stop, stop_cp, blank = i, cp, True  # ``group`` sentences at a time, from the start of each line
+        for _ in range(group):
+            stop, stop_cp, piece_blank = _sentence_end(data, stop, stop_cp, last, table)
+            blank = blank and piece_blank
+            if stop >= last or data[stop - 1] == _NEWLINE:  # a sentence never crosses a line's end
+                break
+        if not blank:
+            if fill:
+                doc[count] = d
+                spans[count, 0], spans[count, 1], spans[count, 2], spans[count, 3] = i - first, stop - first, cp, stop_cp
+            count += 1
+        i, cp = stop, stop_cp
     return count
 
 

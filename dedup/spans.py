@@ -41,7 +41,7 @@ from .normalize import (
     Texts,
     as_strings,
     class_table,
-    prepare,
+    prefold_batch,
     utf8_batch,
     utf8_buffers,
 )
@@ -101,7 +101,7 @@ def document_spans(texts: Texts, mode: SpanMode, options: NormalizeOptions = DEF
     doc, bounds = _scan(data, offsets, mode)
     marked, marked_offsets, lines, inserted = _span_kernels.mark(data, offsets, doc, bounds)
     batch = pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(marked_offsets), pa.py_buffer(marked))
-    normal, normal_offsets = prepare(batch, options)
+    normal, normal_offsets = prefold_batch(batch, options)
     starts, ends = _span_kernels.locate(normal, normal_offsets, doc, lines, inserted)
     folded, folded_offsets = _kernels.fold_ranges(normal, starts, ends, class_table(), options.punctuation,
                                                   options.digits, options.whitespace)
