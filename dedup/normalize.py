@@ -136,27 +136,27 @@ def char_folds(ignorables: bool, nfkc: bool, casefold: bool) -> tuple[np.ndarray
     15-16 hold no decomposition, no mark and no case: their characters are kept.
     """
     kind = np.full(0x110000, C.KEEP, dtype=np.uint8)
-    points = [*range(0xD800), *range(0xE000, 0x40000), *range(0xE0000, 0xE1000)]  # no surrogates
-    decomposed = {cp: parts for cp in points if (parts := unicodedata.decomposition(chr(cp)).split())}
-    seconds = {*range(0x1161, 0x1176), *range(0x11A8, 0x11C3)}
-    seconds.update(int(parts[1], 16) for parts in decomposed.values() if len(parts) == 2 and parts[0][0] != "<")
+    # every code point but the surrogates and the newline, joined by newlines: a newline is a wall for
+    # NFD, NFKD, NFKC and case folding (tests/test_dedup_spans.py), so one C call folds them all
+    points = [*range(0x0A), *range(0x0B, 0xD800), *range(0xE000, 0x40000), *range(0xE0000, 0xE1000)]
+    chars = [chr(cp) for cp in points]
+    joined = "\n".join(chars)
+    seconds = {*range(0x1161, 0x1176), *range(0x11A8, 0x11C3)}  # Hangul vowels and final consonants
+    for ch, canonical in zip(chars, unicodedata.normalize("NFD", joined).split("\n"), strict=True):
+        if canonical != ch and len(parts := unicodedata.decomposition(ch).split()) == 2:
+            seconds.add(int(parts[1], 16))
+    folded = unicodedata.normalize("NFKC", joined) if nfkc else joined
+    folded = folded.casefold() if casefold else folded
+    firsts = [text[0] for text in unicodedata.normalize("NFKD", joined).split("\n")] if nfkc else chars
     ignorable = {cp for lo, hi in DEFAULT_IGNORABLE_RANGES for cp in range(lo, hi + 1)} if ignorables else set()
     mapped: dict[int, bytes] = {}
-    for cp in points:
-        ch = chr(cp)
+    for cp, ch, first, out in zip(points, chars, firsts, folded.split("\n"), strict=True):
         if cp in ignorable:
             mapped[cp] = b""
-            continue
-        if nfkc and (cp in decomposed or cp in seconds or unicodedata.combining(ch)):
-            first = unicodedata.normalize("NFKD", ch)[0]
-            if unicodedata.combining(first) or ord(first) in seconds:
-                kind[cp] = C.CONTEXT
-                continue
-            ch = unicodedata.normalize("NFKC", ch)
-        if casefold:
-            ch = ch.casefold()
-        if ch != chr(cp):
-            mapped[cp] = ch.encode()
+        elif nfkc and (unicodedata.combining(first) or ord(first) in seconds):
+            kind[cp] = C.CONTEXT
+        elif out != ch:
+            mapped[cp] = out.encode()
     starts = np.zeros(0x110001, dtype=np.int32)  # the pool holds some 20 KB
     lengths = np.zeros(0x110000, dtype=np.int32)
     for cp, folded in mapped.items():
