@@ -16,6 +16,12 @@ CLASS_PUNCT = 2
 CLASS_DIGIT = 3
 CLASS_NOSPACE = 4  # a letter of a script written without spaces between words (CJK, Thai, ...)
 
+# How steps 0-2 of the normalisation treat a code point (``normalize.char_folds``): kept as it is,
+# replaced by its folded form, or only foldable with its neighbours (the interpreter's path).
+KEEP = 0
+MAPPED = 1
+CONTEXT = 2
+
 MERSENNE_61 = (1 << 61) - 1
 SENTINEL = np.uint64(0xFFFFFFFFFFFFFFFF)  # signature value of a document without any shingle
 

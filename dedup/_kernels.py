@@ -17,6 +17,8 @@ from ._constants import (
     CLASS_NOSPACE,
     CLASS_PUNCT,
     CLASS_SPACE,
+    CONTEXT,
+    KEEP,
     MERSENNE_61,
     MODE_AUTO,
     MODE_CHAR,
@@ -108,13 +110,23 @@ def fold(data, offsets, table, punctuation, digits, whitespace):
     run of white space becomes one space with none at either end. Returns new ``(data, offsets)``;
     the output is never longer than the input.
     """
-    n = offsets.shape[0] - 1
-    out = np.empty(data.shape[0], dtype=np.uint8)
+    return fold_ranges(data, offsets[:-1], offsets[1:], table, punctuation, digits, whitespace)
+
+
+@njit(cache=True)
+def fold_ranges(data, starts, ends, table, punctuation, digits, whitespace):
+    """``fold`` of the byte ranges ``starts[i]:ends[i]`` of ``data`` (the spans of a batch), each
+    folded on its own: the folded ranges one after the other, with their offsets."""
+    n = starts.shape[0]
+    total = 0
+    for d in range(n):
+        total += ends[d] - starts[d]
+    out = np.empty(total, dtype=np.uint8)
     out_offsets = np.zeros(n + 1, dtype=np.int64)
     o = 0
     for d in range(n):
-        i = offsets[d]
-        end = offsets[d + 1]
+        i = starts[d]
+        end = ends[d]
         start = o
         pending_space = False
         while i < end:
@@ -326,3 +338,74 @@ def unicode_hazards(data, offsets, flags, ignorable, leads_with_mark, shortest):
             else:
                 run = 0
     return has_ignorable, has_long_run
+
+
+@njit(cache=True)
+def _prefold_document(data, first, last, kind, starts, pool, out, o):
+    """Steps 0-2 of one document from the per-code-point table (see ``normalize.char_folds``), written
+    from ``out[o]`` when ``out`` is given; -1 when a character needs its context."""
+    i = first
+    while i < last:
+        if data[i] < 0x80 and kind[data[i]] == KEEP:
+            if out.shape[0]:
+                out[o] = data[i]
+            o += 1
+            i += 1
+            continue
+        cp, size = _decode(data, i)
+        k = kind[cp]
+        if k == CONTEXT:
+            return -1
+        if k == KEEP:
+            if out.shape[0]:
+                out[o: o + size] = data[i: i + size]
+            o += size
+        else:
+            length = starts[cp + 1] - starts[cp]
+            if out.shape[0]:
+                out[o: o + length] = pool[starts[cp]: starts[cp + 1]]
+            o += length
+        i += size
+    return o
+
+
+@njit(cache=True)
+def prefold_context_free(data, offsets, kind, starts, pool):
+    """Steps 0-2 (ignorables, NFKC, case folding) of every document whose characters all fold on their
+    own; the others come back empty, flagged, for the interpreter's ``prefold``."""
+    n = offsets.shape[0] - 1
+    none = np.empty(0, dtype=np.uint8)
+    sizes = np.empty(n, dtype=np.int64)
+    for d in range(n):
+        sizes[d] = _prefold_document(data, offsets[d], offsets[d + 1], kind, starts, pool, none, 0)
+    out_offsets = np.zeros(n + 1, dtype=np.int64)
+    for d in range(n):
+        out_offsets[d + 1] = out_offsets[d] + max(sizes[d], 0)
+    out = np.empty(out_offsets[n], dtype=np.uint8)
+    for d in range(n):
+        if sizes[d] >= 0:
+            _prefold_document(data, offsets[d], offsets[d + 1], kind, starts, pool, out, out_offsets[d])
+    return out, out_offsets, sizes < 0
+
+
+@njit(cache=True)
+def splice(data, offsets, other, other_offsets, rows):
+    """The batch with documents ``rows`` (ascending) replaced by those of ``other``, in order."""
+    n = offsets.shape[0] - 1
+    out_offsets = np.zeros(n + 1, dtype=np.int64)
+    r = 0
+    for d in range(n):
+        if r < rows.shape[0] and rows[r] == d:
+            out_offsets[d + 1] = out_offsets[d] + other_offsets[r + 1] - other_offsets[r]
+            r += 1
+        else:
+            out_offsets[d + 1] = out_offsets[d] + offsets[d + 1] - offsets[d]
+    out = np.empty(out_offsets[n], dtype=np.uint8)
+    r = 0
+    for d in range(n):
+        if r < rows.shape[0] and rows[r] == d:
+            out[out_offsets[d]: out_offsets[d + 1]] = other[other_offsets[r]: other_offsets[r + 1]]
+            r += 1
+        else:
+            out[out_offsets[d]: out_offsets[d + 1]] = data[offsets[d]: offsets[d + 1]]
+    return out, out_offsets

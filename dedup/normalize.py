@@ -19,7 +19,10 @@ it as ``empty`` and the service refuses it, so a text of invisible characters is
 
 Steps 1-2 use CPython's C implementations; steps 3-5 run compiled over the UTF-8 bytes of a whole
 batch with a code point class table built once per process from ``unicodedata`` (so the result
-follows the Unicode version of the running Python).
+follows the Unicode version of the running Python). ``prefold_batch`` (the span pass's) runs steps
+0-2 compiled too, from a per-code-point table, for every document whose characters NFKC cannot join
+to their neighbours (``char_folds``), and hands the rest to CPython's: the same bytes, tested against
+every code point and with hypothesis.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import pyarrow as pa
 import xxhash
 
 from . import _constants as C
-from .unicode_bounds import CGJ, bounded
+from .unicode_bounds import CGJ, DEFAULT_IGNORABLE_RANGES, bounded
 
 # Scripts written without spaces between words: documents mostly in these get character shingles.
 NO_SPACE_RANGES: tuple[tuple[int, int], ...] = (
@@ -119,6 +122,68 @@ def prefold(strings: list[str], options: NormalizeOptions) -> list[str]:
     return strings
 
 
+@functools.cache
+def char_folds(ignorables: bool, nfkc: bool, casefold: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps 0-2 per code point, for the compiled ``prefold`` (``prefold_batch``), built once per process:
+    its kind (``_constants.KEEP``, ``MAPPED``, ``CONTEXT``) and, for the mapped ones, their folded UTF-8
+    bytes (``pool[starts[cp]:starts[cp + 1]]``).
+
+    A character folds on its own (not ``CONTEXT``) when NFKC cannot join it to what precedes it: its
+    decomposition starts with a starter (combining class 0) that is no second half of a canonical
+    composition (nor a Hangul vowel or final jamo). A text of such characters is NFKC-normalised
+    character by character (decomposing one reorders nothing across it, composing joins nothing across
+    it); removing ignorables and case folding work character by character anyway. Planes 4-13 and
+    15-16 hold no decomposition, no mark and no case: their characters are kept.
+    """
+    kind = np.full(0x110000, C.KEEP, dtype=np.uint8)
+    # every code point but the surrogates and the newline, joined by newlines: a newline is a wall for
+    # NFD, NFKD, NFKC and case folding (tests/test_dedup_spans.py), so one C call folds them all
+    points = [*range(0x0A), *range(0x0B, 0xD800), *range(0xE000, 0x40000), *range(0xE0000, 0xE1000)]
+    chars = [chr(cp) for cp in points]
+    joined = "\n".join(chars)
+    seconds = {*range(0x1161, 0x1176), *range(0x11A8, 0x11C3)}  # Hangul vowels and final consonants
+    for ch, canonical in zip(chars, unicodedata.normalize("NFD", joined).split("\n"), strict=True):
+        if canonical != ch and len(parts := unicodedata.decomposition(ch).split()) == 2:
+            seconds.add(int(parts[1], 16))
+    folded = unicodedata.normalize("NFKC", joined) if nfkc else joined
+    folded = folded.casefold() if casefold else folded
+    firsts = [text[0] for text in unicodedata.normalize("NFKD", joined).split("\n")] if nfkc else chars
+    ignorable = {cp for lo, hi in DEFAULT_IGNORABLE_RANGES for cp in range(lo, hi + 1)} if ignorables else set()
+    mapped: dict[int, bytes] = {}
+    for cp, ch, first, out in zip(points, chars, firsts, folded.split("\n"), strict=True):
+        if cp in ignorable:
+            mapped[cp] = b""
+        elif nfkc and (unicodedata.combining(first) or ord(first) in seconds):
+            kind[cp] = C.CONTEXT
+        elif out != ch:
+            mapped[cp] = out.encode()
+    starts = np.zeros(0x110001, dtype=np.int32)  # the pool holds some 20 KB
+    lengths = np.zeros(0x110000, dtype=np.int32)
+    for cp, folded in mapped.items():
+        kind[cp] = C.MAPPED
+        lengths[cp] = len(folded)
+    np.cumsum(lengths, out=starts[1:])
+    pool = np.frombuffer(b"".join(mapped[cp] for cp in sorted(mapped)), dtype=np.uint8)
+    for array in (kind, starts, pool):
+        array.flags.writeable = False
+    return kind, starts, pool
+
+
+def prefold_batch(array: pa.LargeStringArray, options: NormalizeOptions) -> tuple[np.ndarray, np.ndarray]:
+    """``prepare`` of an Arrow batch: compiled for the documents whose characters all fold on their own
+    (``char_folds``), the interpreter's ``prefold`` for the others; the same bytes either way."""
+    from . import _kernels as K  # on first use: see dedup/_constants.py
+
+    data, offsets = utf8_buffers(array)
+    out, out_offsets, others = K.prefold_context_free(data, offsets, *char_folds(options.ignorables, options.nfkc,
+                                                                                   options.casefold))
+    if others.any():
+        rows = np.flatnonzero(others)
+        out, out_offsets = K.splice(out, out_offsets, *prepare(array.take(pa.array(rows)), options), rows)
+    out.flags.writeable = False
+    return out, out_offsets
+
+
 def is_blank(prefolded: str) -> bool:
     """Whether a text passed through ``prefold`` has nothing left but white space."""
     return not prefolded or prefolded.isspace()
@@ -135,6 +200,11 @@ def utf8_batch(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
             except UnicodeEncodeError as err:
                 raise ValueError(f"document {i} is not valid Unicode: {err}") from None
         raise
+    return utf8_buffers(array)
+
+
+def utf8_buffers(array: pa.LargeStringArray) -> tuple[np.ndarray, np.ndarray]:
+    """The bytes and int64 offsets (``n + 1``) of a large_string array, without a copy."""
     _, offsets_buf, data_buf = array.buffers()
     offsets = np.frombuffer(offsets_buf, dtype=np.int64)[array.offset : array.offset + len(array) + 1]
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)

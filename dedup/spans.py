@@ -11,36 +11,44 @@ A span is a piece of a document that boilerplate repeats whole across otherwise 
 
 A span's extent (``start``, ``end``: code point offsets into the document) takes in the separator
 that follows it (the newline, the blank lines, the space after a sentence), so cutting it leaves the
-rest of the document with its line breaks and order. Its hash is xxh3-64 of its text after the job's
-normalisation (``gristmill.dedup.normalize``), so two spans that differ only in case, punctuation or
-spacing hash alike. A span whose normalised text has fewer than ``min_chars`` characters (a "Home"
+rest of the document with its line breaks and order. Its hash is XXH64 (seed 0) of its UTF-8 text after
+the job's normalisation (``gristmill.dedup.normalize``), so two spans that differ only in case,
+punctuation or spacing hash alike. A span whose normalised text has fewer than ``min_chars`` characters (a "Home"
 link, a date, "Yes.") gets no hash and is never cut: short lines repeat by chance, not as boilerplate.
 
 Sentences end at ``.``, ``!``, ``?``, ``…``, ``;`` is not an end; the CJK full stops ``。！？``, the
 Devanagari danda ``।``, the Arabic ``؟`` and ``۔`` end one too, with or without the space after them
-(Chinese and Japanese put none). Closing quotes and brackets stay with their sentence. A regular
-expression, not a trained model: ``Dr. Smith`` splits in two, which only makes spans shorter.
+(Chinese and Japanese put none). Closing quotes and brackets stay with their sentence. A fixed rule,
+not a trained model: ``Dr. Smith`` splits in two, which only makes spans shorter.
+
+The work runs compiled over a whole batch (``_span_kernels``; the plain per-span code it must equal is
+``tests/span_reference.py``): the spans are found in the UTF-8 bytes, each document is normalised once
+with a newline inserted at every span boundary that has none (a newline never takes part in NFKC, case
+folding or the removal of ignorables, so each span normalises exactly as it would on its own), and each
+span is folded and hashed where it lies in the normalised batch.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import xxhash
+import pyarrow as pa
 
-from .normalize import DEFAULT_NORMALIZE, NormalizeOptions, fold_prepared, prepare
+from .normalize import (
+    DEFAULT_NORMALIZE,
+    NormalizeOptions,
+    Texts,
+    as_strings,
+    class_table,
+    prefold_batch,
+    utf8_batch,
+    utf8_buffers,
+)
 
 MIN_SPAN_CHARS = 20  # normalised characters below which a span is never cut
+SPAN_HASH = "xxh64"  # of the normalised span; recorded beside a span index, which only jobs of the same hash read
 MODES = ("line", "paragraph", "sentences:N")
-
-_LINE = re.compile(r"[^\n]*\n|[^\n]+")
-_PARAGRAPH = re.compile(r"\S.*?(?:\n[ \t\r\f\v]*\n\s*|\s*\Z)", re.DOTALL)
-_CLOSERS = "\"'”’»)\\]）」』】〕》〉"
-_SENTENCE = re.compile(
-    rf"[^\n]*?(?:[.!?…]+[{_CLOSERS}]*(?:[ \t\r\f\v]+|(?=\n)|\Z)|[。！？।؟۔]+[{_CLOSERS}]*[ \t\r\f\v]*|\Z|(?=\n))\n?")
 
 
 class SpanModeError(ValueError):
@@ -70,21 +78,8 @@ def span_bounds(text: str, mode: SpanMode) -> list[tuple[int, int]]:
 
     Blank stretches (white space only) belong to no span: they are never cut.
     """
-    if mode.kind == "paragraph":
-        return [m.span() for m in _PARAGRAPH.finditer(text)]
-    lines = [m.span() for m in _LINE.finditer(text)]
-    if mode.kind == "line":
-        return [(s, e) for s, e in lines if not text[s:e].isspace()]
-    spans = []
-    for begin, end in lines:
-        ends = [m.end() for m in _SENTENCE.finditer(text, begin, end) if m.end() > m.start()]
-        ends = [e for e in ends if e <= end]
-        starts = [begin, *ends[:-1]]
-        for first in range(0, len(ends), mode.sentences):
-            start, stop = starts[first], ends[min(first + mode.sentences, len(ends)) - 1]
-            if not text[start:stop].isspace():
-                spans.append((start, stop))
-    return spans
+    _, bounds = _scan(*utf8_batch(as_strings([text])), mode)
+    return [(int(start), int(end)) for start, end in bounds[:, 2:]]
 
 
 @dataclass(frozen=True)
@@ -94,38 +89,51 @@ class DocumentSpans:
     doc: np.ndarray  # position of the span's document in the batch
     start: np.ndarray  # code point offsets into that document
     end: np.ndarray
-    hash: np.ndarray  # uint64: xxh3-64 of the normalised span
+    hash: np.ndarray  # uint64: XXH64 of the normalised span
 
 
-def document_spans(texts: Sequence[str], mode: SpanMode, options: NormalizeOptions = DEFAULT_NORMALIZE,
+def document_spans(texts: Texts, mode: SpanMode, options: NormalizeOptions = DEFAULT_NORMALIZE,
                    min_chars: int = MIN_SPAN_CHARS) -> DocumentSpans:
     """Every span of every text that has at least ``min_chars`` normalised characters, hashed."""
-    doc, starts, ends, pieces = [], [], [], []
-    for position, text in enumerate(texts):
-        for start, end in span_bounds(text, mode):
-            doc.append(position)
-            starts.append(start)
-            ends.append(end)
-            pieces.append(text[start:end])
-    if not pieces:
-        empty = np.zeros(0, np.int64)
-        return DocumentSpans(empty, empty, empty, np.zeros(0, np.uint64))
-    data, offsets = fold_prepared(*prepare(pieces, options), options)
-    leading = np.concatenate([[0], np.cumsum((data & 0xC0) != 0x80)])  # code points before each byte
-    long_enough = (leading[offsets[1:]] - leading[offsets[:-1]]) >= min_chars
-    view, bounds = memoryview(data), offsets.tolist()
-    chosen = np.flatnonzero(long_enough)
-    hashes = np.fromiter((xxhash.xxh3_64_intdigest(view[bounds[i]: bounds[i + 1]]) for i in chosen), np.uint64,
-                         count=len(chosen))
-    return DocumentSpans(np.asarray(doc, np.int64)[chosen], np.asarray(starts, np.int64)[chosen],
-                         np.asarray(ends, np.int64)[chosen], hashes)
+    from . import _kernels, _span_kernels
+
+    data, offsets = _utf8(texts)
+    doc, bounds = _scan(data, offsets, mode)
+    marked, marked_offsets, lines, inserted = _span_kernels.mark(data, offsets, doc, bounds)
+    batch = pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(marked_offsets), pa.py_buffer(marked))
+    normal, normal_offsets = prefold_batch(batch, options)
+    starts, ends = _span_kernels.locate(normal, normal_offsets, doc, lines, inserted)
+    folded, folded_offsets = _kernels.fold_ranges(normal, starts, ends, class_table(), options.punctuation,
+                                                  options.digits, options.whitespace)
+    hashes, chars = _span_kernels.xxh64(folded, folded_offsets)
+    chosen = chars >= min_chars
+    return DocumentSpans(doc[chosen], bounds[chosen, 2], bounds[chosen, 3], hashes[chosen])
 
 
-def cut_spans(text: str, cuts: Sequence[tuple[int, int]]) -> str:
-    """``text`` without the (start, end) extents ``cuts`` (disjoint, in order): the rest as it was."""
-    kept, position = [], 0
-    for start, end in cuts:
-        kept.append(text[position:start])
-        position = end
-    kept.append(text[position:])
-    return "".join(kept)
+def _utf8(texts: Texts) -> tuple[np.ndarray, np.ndarray]:
+    """The batch's UTF-8 bytes and offsets: straight from Arrow's buffers when it is an Arrow column."""
+    if not isinstance(texts, pa.Array | pa.ChunkedArray):
+        return utf8_batch(as_strings(texts))
+    array = texts.cast(pa.large_string())
+    array = array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
+    if array.null_count:
+        as_strings(array)  # the error naming the first null document
+    return utf8_buffers(array)
+
+
+def _scan(data: np.ndarray, offsets: np.ndarray, mode: SpanMode) -> tuple[np.ndarray, np.ndarray]:
+    from . import _span_kernels
+
+    code = {"line": _span_kernels.LINE, "paragraph": _span_kernels.PARAGRAPH}.get(mode.kind, _span_kernels.SENTENCES)
+    return _span_kernels.scan(data, offsets, class_table(), code, max(mode.sentences, 1))
+
+
+def cut_batch(texts: Texts, doc: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[pa.LargeStringArray, np.ndarray]:
+    """Every text of a batch, in one compiled pass, without the (``start``, ``end``) code
+    point extents of document ``doc`` (sorted by document, disjoint and in order within one), and the
+    UTF-8 bytes each cut took."""
+    from . import _span_kernels
+
+    data, offsets = _utf8(texts)
+    out, out_offsets, taken = _span_kernels.cut(data, offsets, doc, start, end)
+    return pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(out_offsets), pa.py_buffer(out)), taken

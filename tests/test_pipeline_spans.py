@@ -221,7 +221,8 @@ def test_cli_spans_then_stats_html_and_one_span(ray_local: None, tmp_path: Path,
     assert "no cut span" in capsys.readouterr().err
 
 
-def test_against_cuts_the_spans_an_earlier_corpus_keeps(ray_local: None, tmp_path: Path) -> None:
+def test_against_cuts_the_spans_an_earlier_corpus_keeps(ray_local: None, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     nav = "Home | News | Sport | Weather | Contact us"
     first = [{"id": "old", "text": f"{nav}\nan old story about a copper beacon on the prairie"}]
     second = [{"id": "new1", "text": f"{nav}\na new story about a walnut frozen deep in the blue glacier"},
@@ -238,3 +239,6 @@ def test_against_cuts_the_spans_an_earlier_corpus_keeps(ray_local: None, tmp_pat
     assert set(cut["kept_by"].to_pylist()) == {"old"} and stats["spans"]["spans_cut"] == 2
     with pytest.raises(DedupError, match="span_min_chars"):  # spans split otherwise cannot be compared
         _run(_write(second, tmp_path / "c", 1), tmp_path / "third", "line", against=[earlier], span_min_chars=5)
+    monkeypatch.setattr("gristmill.dedup.spans.SPAN_HASH", "xxh3-64")  # as a job hashing otherwise would
+    with pytest.raises(DedupError, match="span_hash=xxh64, this job uses span_hash=xxh3-64"):
+        _run(_write(second, tmp_path / "d", 1), tmp_path / "fourth", "line", against=[earlier])

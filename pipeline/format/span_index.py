@@ -19,7 +19,7 @@ from gristmill.pipeline.format.reader import Corpus
 from gristmill.pipeline.format.sorted_parquet import groups_holding, open_counted, write_sorted
 from gristmill.pipeline.format.storage import open_fs
 
-SPAN_INDEX_KEY = "span_index"  # in a manifest's ``extra``: {"spans", "span_min_chars", "files"}
+SPAN_INDEX_KEY = "span_index"  # in a manifest's ``extra``: {"spans", "span_min_chars", "span_hash", "files"}
 SPAN_INDEX_FOLDER = "_spans"
 SPAN_INDEX_SCHEMA = pa.schema([("hash", pa.uint64()), ("id", pa.string())])  # id: the document keeping it
 SPAN_GROUP_ROWS = 16384

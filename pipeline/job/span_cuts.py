@@ -29,12 +29,13 @@ class SpanCutter:
         order = [("key", "ascending"), ("start", "ascending")]
         cuts = rows.join(sent.filter(sent["cut"]).select(["key", "hash", "kept_by"]), ["key", "hash"],
                          join_type="inner", use_threads=False).sort_by(order)
-        self.cuts: dict[int, list[tuple[int, int, int, str]]] = {}
-        for key, start, end, value, kept_by in zip(*(cuts[c].to_pylist() for c in ("key", "start", "end", "hash",
-                                                                                     "kept_by")), strict=True):
-            self.cuts.setdefault(key, []).append((start, end, value, kept_by))
+        # the cuts as columns, by key then start: a batch's are one slice of them
+        self.cut_key, self.cut_start, self.cut_end, self.cut_hash = (
+            cuts[c].to_numpy().astype(t) for c, t in (("key", np.int64), ("start", np.int64), ("end", np.int64),
+                                                       ("hash", np.uint64)))
+        self.cut_kept_by = cuts["kept_by"].combine_chunks()
         keeps = sent.filter(pc.invert(sent["cut"]))
-        self.keepers = set(keeps["key"].to_pylist())
+        self.keepers = np.unique(keeps["key"].to_numpy())
         self.rows, self.cut_pairs = rows, cuts.select(["key", "hash"])
         self.shown = rows.join(keeps.filter(keeps["shown"]).select(["key", "hash", "docs"]), ["key", "hash"],
                                join_type="inner", use_threads=False).sort_by(order)
@@ -45,44 +46,48 @@ class SpanCutter:
     def cut(self, group: pa.Table, keys: np.ndarray, status: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         """The batch with each kept document's cuts made (its content hash follows its new text) and the
         status of each row (SPANS where too little is left)."""
-        from gristmill.dedup.normalize import content_hashes
-        from gristmill.dedup.spans import cut_spans
+        from gristmill.dedup.normalize import fold_prepared, hashes_of_folded, prefold_batch
+        from gristmill.dedup.spans import cut_batch
 
         status = status.copy()
-        texts = group["text"].to_pylist()
+        texts = group["text"]
         self._show(keys, texts)
-        changed: list[int] = []
-        ids = group["id"].to_pylist()
-        for row, key in enumerate(keys.tolist()):
-            cuts = self.cuts.get(key)
-            if not cuts or status[row] != KEPT:
-                continue
-            text = cut_spans(texts[row], [(start, end) for start, end, _, _ in cuts])
-            if len(text) < self.job.config.min_chars and key not in self.keepers:
-                status[row] = SPANS
-                continue
-            pieces = [texts[row][start:end].encode() for start, end, _, _ in cuts]
-            self.totals["spans_cut"] += len(cuts)
-            self.totals["bytes_cut"] += sum(map(len, pieces))
-            self.totals["documents_cut"] += 1
-            if self.job.config.removed:
-                self.records.append(pa.table({
-                    "id": [ids[row]] * len(cuts), "start": [c[0] for c in cuts], "end": [c[1] for c in cuts],
-                    "bytes": [len(p) for p in pieces], "span_hash": [f"{c[2]:016x}" for c in cuts],
-                    "kept_by": [c[3] for c in cuts]}, schema=SPANS_CUT_SCHEMA))
-            texts[row] = text
-            changed.append(row)
-        if not changed:
+        # the batch's keys are consecutive keys of the split: its cuts are those between its first and last
+        first = np.searchsorted(self.cut_key, keys[0]) if len(keys) else 0
+        stop = np.searchsorted(self.cut_key, keys[-1], side="right") if len(keys) else 0
+        chosen = np.arange(first, stop)
+        row = np.searchsorted(keys, self.cut_key[chosen])
+        chosen, row = chosen[status[row] == KEPT], row[status[row] == KEPT]
+        start, end = self.cut_start[chosen], self.cut_end[chosen]
+        left = pc.utf8_length(texts).to_numpy() - np.bincount(row, end - start, len(keys))
+        short = (np.bincount(row, minlength=len(keys)) > 0) & (left < self.job.config.min_chars)
+        short &= ~np.isin(keys, self.keepers)
+        status[short] = SPANS
+        chosen, row, start, end = (a[~short[row]] for a in (chosen, row, start, end))
+        if not len(chosen):
             return group, status
+        cut_texts, taken = cut_batch(texts, row, start, end)
+        changed = np.unique(row)
+        self.totals["spans_cut"] += len(chosen)
+        self.totals["bytes_cut"] += int(taken.sum())
+        self.totals["documents_cut"] += len(changed)
+        if self.job.config.removed:
+            self.records.append(pa.table({
+                "id": group["id"].take(pa.array(row)), "start": start, "end": end, "bytes": taken,
+                "span_hash": [f"{value:016x}" for value in self.cut_hash[chosen].tolist()],
+                "kept_by": self.cut_kept_by.take(pa.array(chosen))}, schema=SPANS_CUT_SCHEMA))
+        options = self.job.params.hasher().normalize
+        new_hashes = hashes_of_folded(*fold_prepared(*prefold_batch(cut_texts.take(pa.array(changed)), options),
+                                                     options))
         hashes = group["content_hash"].to_pylist()
-        for row, value in zip(changed, content_hashes([texts[row] for row in changed],
-                                                       self.job.params.hasher().normalize), strict=True):
-            hashes[row] = value
-        group = group.set_column(group.schema.get_field_index("text"), "text", pa.array(texts, pa.string()))
+        for position, value in zip(changed.tolist(), new_hashes, strict=True):
+            hashes[position] = value
+        group = group.set_column(group.schema.get_field_index("text"), "text",
+                                 cut_texts.cast(group.schema.field("text").type))
         return group.set_column(group.schema.get_field_index("content_hash"), "content_hash",
                                 pa.array(hashes, pa.string())), status
 
-    def _show(self, keys: np.ndarray, texts: list[str]) -> None:
+    def _show(self, keys: np.ndarray, texts: pa.ChunkedArray) -> None:
         """The text of the most repeated spans this batch's documents kept, as the statistics show it."""
         shown = self.shown.filter(pc.is_in(self.shown["key"], value_set=pa.array(keys, pa.int64())))
         seen = {span["hash"] for span in self.top}
@@ -91,7 +96,7 @@ class SpanCutter:
             if value not in seen:
                 seen.add(value)
                 self.top.append({"hash": value, "docs": row["docs"],
-                                 "text": texts[int(np.searchsorted(keys, row["key"]))][row["start"]: row["end"]].strip()})
+                                 "text": texts[int(np.searchsorted(keys, row["key"]))].as_py()[row["start"]: row["end"]].strip()})
 
     def finish(self, docs: pa.Table, status: np.ndarray) -> dict[str, Any]:
         """The split's span totals and shown spans; its span index written (the spans its kept ``docs``

@@ -60,8 +60,11 @@ def span_partitions(input_bytes: int, override: int | None, partition_bytes: int
 
 
 def span_settings(config: DedupConfig) -> dict[str, Any]:
-    """What two jobs must share for one's spans to be compared with the other's (``--against``)."""
-    return {"spans": config.spans, "span_min_chars": config.span_min_chars}
+    """What two jobs must share for one's spans to be compared with the other's (``--against``): the
+    span hash too, since an index of other hashes would match nothing."""
+    from gristmill.dedup.spans import SPAN_HASH
+
+    return {"spans": config.spans, "span_min_chars": config.span_min_chars, "span_hash": SPAN_HASH}
 
 
 def earlier_span_indexes(config: DedupConfig) -> list[str]:
@@ -104,7 +107,7 @@ def span_map(job: Job, split_index: int, partitions: int) -> dict[str, Any]:
             rows = np.flatnonzero(kept[first:start])  # the batch's kept documents
             if not len(rows):
                 continue
-            texts = group["text"].take(pa.array(rows)).to_pylist()
+            texts = group["text"].take(pa.array(rows))
             found = document_spans(texts, mode, job.params.hasher().normalize, job.config.span_min_chars)
             pieces.append(pa.table({"key": keys[first + rows[found.doc]], "start": found.start, "end": found.end,
                                     "hash": found.hash}, schema=SPAN_ROWS_SCHEMA))
