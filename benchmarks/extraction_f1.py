@@ -21,7 +21,10 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "article-extraction-benchmark"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shared_data import ARTICLES  # noqa: E402
+
+DEFAULT_DATA = ARTICLES
 
 
 def _trafilatura(**options: object) -> Callable[[str], str]:

@@ -64,10 +64,11 @@ import zstandard
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline_e2e import BANDS, NGRAM, NUM_PERM, ROWS, run_datatrove  # noqa: E402
 from process_tree import REPO, gristmill_command, measure  # noqa: E402
+from shared_data import shared_data  # noqa: E402
 
 DATA = REPO / "bench-data" / "scale"
 TEXT_SOURCES = ("/usr/share/doc/python3.11/html/_sources/**/*.txt", "/usr/share/doc/*/copyright")
-ARTICLES = REPO.parent / "shared" / "data" / "article-extraction-benchmark" / "ground-truth.json"
+ARTICLES = shared_data("article-extraction-benchmark") / "ground-truth.json"
 MAX_PIECE, MIN_WORDS = 700, 8  # paragraph pieces: short enough that no one piece makes two documents alike
 DOC_MEDIAN, DOC_SIGMA, MIN_PIECES = 2500, 0.9, 3  # document length: lognormal bytes, at least 3 pieces
 TITLE_WORDS = 6  # a first line of random words that no other cluster has

@@ -43,9 +43,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from process_tree import REPO, gristmill_command, measure  # noqa: E402
+from process_tree import gristmill_command, measure  # noqa: E402
+from shared_data import ARTICLES  # noqa: E402
 
-DATA = REPO.parent.parent / "shared" / "data" / "article-extraction-benchmark"
+DATA = ARTICLES
 BLOCKS = {"p", "div", "li", "h1", "h2", "h3", "h4", "h5", "h6", "tr", "br", "section", "article", "header",
           "footer", "nav", "aside", "ul", "ol", "table", "blockquote", "pre", "form", "main", "figcaption", "dd",
           "dt", "title", "option", "td", "th", "button", "label"}
