@@ -48,8 +48,9 @@ def documents(prefix: str, count: int, rng: random.Random) -> list[dict[str, str
 
 @pytest.fixture(scope="module")
 def bucket(store: ShapedStore) -> tuple[str, int, int]:
-    """A bucket with three JSONL inputs under raw/; (its URL, the documents they hold, a split size that
-    gives a.jsonl a split of its own, b.jsonl whole with the start of c.jsonl, and the rest of c)."""
+    """A bucket with three JSONL inputs under raw/, and the same files under ref/ (for a reference run that
+    no fault of raw/ reaches); (its URL, the documents they hold, a split size that gives a.jsonl a split
+    of its own, b.jsonl whole with the start of c.jsonl, and the rest of c)."""
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": store.endpoint}, skip_instance_cache=True)
     fs.mkdir("private-nodes")
     rng = random.Random(26)
@@ -57,7 +58,8 @@ def bucket(store: ShapedStore) -> tuple[str, int, int]:
     for name, count in (("a", 300), ("b", 100), ("c", 300)):
         docs = documents(name, count, rng)
         data = "".join(json.dumps(d) + "\n" for d in docs).encode()
-        fs.pipe_file(f"private-nodes/raw/{name}.jsonl", data)
+        for folder in ("raw", "ref"):
+            fs.pipe_file(f"private-nodes/{folder}/{name}.jsonl", data)
         total, sizes = total + len(docs), [*sizes, len(data)]
     return "s3://private-nodes", total, sizes[0] + 1024
 
@@ -77,8 +79,9 @@ def shaped(store: ShapedStore) -> Iterator[ShapedStore]:
     store.clear_faults()
 
 
-def dedup(cluster: PrivateNodes, *args: str, on_cluster: bool = True) -> subprocess.CompletedProcess:
-    """``gristmill dedup`` as a user runs it: on the cluster (``--ray-address``) or on a private local Ray."""
+def start_dedup(cluster: PrivateNodes, *args: str, on_cluster: bool = True) -> subprocess.Popen:
+    """``gristmill dedup`` as a user runs it, started: on the cluster (``--ray-address``) or on a private
+    local Ray."""
     env = dict(cluster.env)
     command = [GRISTMILL, "dedup", *args, "--quiet", "--json"]
     if on_cluster:
@@ -86,7 +89,18 @@ def dedup(cluster: PrivateNodes, *args: str, on_cluster: bool = True) -> subproc
     else:
         for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
             env.pop(name)
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    """A started ``gristmill dedup`` once it has exited, with what it printed."""
+    stdout, stderr = process.communicate(timeout=400)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def dedup(cluster: PrivateNodes, *args: str, on_cluster: bool = True) -> subprocess.CompletedProcess:
+    """``gristmill dedup`` run to its end (:func:`start_dedup`)."""
+    return finish(start_dedup(cluster, *args, on_cluster=on_cluster))
 
 
 def options(store: ShapedStore) -> dict:
@@ -110,14 +124,17 @@ def test_throttled_s3_job_on_private_nodes_keeps_the_ids_of_a_local_run(
         cluster: PrivateNodes, shaped: ShapedStore, bucket: tuple[str, int, int]) -> None:
     url, total, split_bytes = bucket
     cut = ["--split-bytes", str(split_bytes)]  # 3 splits (one per node), c.jsonl cut, b.jsonl whole
-    local = dedup(cluster, f"{url}/raw/", "-o", f"{url}/local", *cut, on_cluster=False)
-    assert local.returncode == 0, local.stderr[-3000:]
-
-    shaped.reset_stats()
-    # more 503s than botocore's default 5 attempts: a read of b.jsonl has to try again
+    # more 503s than the client's 6 attempts (faults.CLIENT_RETRIES): a read of b.jsonl has to try again
     shaped.fail("/private-nodes/raw/b.jsonl", 7)
+    # the local run reads the same bytes under ref/, which the throttle does not reach, while the cluster
+    # run waits out the client's backoff (the two one after the other took 44 s, 15 of them the local run)
+    local = start_dedup(cluster, f"{url}/ref/", "-o", f"{url}/local", *cut, on_cluster=False)
     work = f"{url}/work-elsewhere"
-    result = dedup(cluster, f"{url}/raw/", "-o", f"{url}/out", *cut, "--work-dir", work, "--keep-work")
+    try:
+        result = dedup(cluster, f"{url}/raw/", "-o", f"{url}/out", *cut, "--work-dir", work, "--keep-work")
+    finally:
+        local_result = finish(local)
+    assert local_result.returncode == 0, local_result.stderr[-3000:]
     assert result.returncode == 0, result.stderr[-3000:]
     assert shaped.stats()["throttled"] == 7
     counts = json.loads(result.stdout)["documents"]
