@@ -223,9 +223,13 @@ def _scan_document(data, first, last, table, mode, group, d, fill, count, doc, s
             if stop >= last or data[stop - 1] == _NEWLINE:  # a sentence never crosses a line's end
                 break
         if not blank:
+            # a span that starts inside its line leaves the line's newline: cut, it would join what is
+            # left of the line to the next one
+            inside = i > first and data[i - 1] != _NEWLINE and data[stop - 1] == _NEWLINE
             if fill:
                 doc[count] = d
-                spans[count, 0], spans[count, 1], spans[count, 2], spans[count, 3] = i - first, stop - first, cp, stop_cp
+                spans[count, 0], spans[count, 1] = i - first, stop - first - inside
+                spans[count, 2], spans[count, 3] = cp, stop_cp - inside
             count += 1
         i, cp = stop, stop_cp
     return count

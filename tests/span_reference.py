@@ -32,6 +32,8 @@ def reference_bounds(text: str, mode: SpanMode) -> list[tuple[int, int]]:
         starts = [begin, *ends[:-1]]
         for first in range(0, len(ends), mode.sentences):
             start, stop = starts[first], ends[min(first + mode.sentences, len(ends)) - 1]
+            if start > begin and text[stop - 1] == "\n":  # starts inside its line: the newline stays
+                stop -= 1
             if not text[start:stop].isspace():
                 spans.append((start, stop))
     return spans
