@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 from pathlib import Path
 
@@ -233,7 +234,7 @@ def test_cli_parser_accepts_every_documented_option() -> None:
                               "--text-column", "body", "--id-column", "uid", "--removed", "rm", "--keep-work", "--no-verify"])
     config = dedup_cmd.config_from_args(args)
     assert (config.bands, config.rows, config.text_column, config.id_column, config.removed, config.keep_work,
-            config.verify) == (16, 8, "body", "uid", "rm", True, False)
+            config.verify) == (16, 8, "body", "uid", os.path.abspath("rm"), True, False)  # folders made absolute
     assert dedup_cmd.config_from_args(parser.parse_args(["in.jsonl", "-o", "out"])).verify is True
 
 
