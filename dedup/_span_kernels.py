@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from ._constants import CLASS_SPACE
-from ._kernels import _decode
+from ._kernels import _U29, _U32, _U33, _decode
 
 LINE, PARAGRAPH, SENTENCES = 0, 1, 2  # span modes
 _NEWLINE = 0x0A
@@ -31,9 +31,6 @@ _P5 = np.uint64(2870177450012600261)
 _V4_SEED = np.uint64((-11400714785074694791) % 2**64)  # seed 0 - P1, modulo 2**64
 _V1_SEED = np.uint64((11400714785074694791 + 14029467366897019727) % 2**64)
 _U8 = np.uint64(8)
-_U29 = np.uint64(29)
-_U32 = np.uint64(32)
-_U33 = np.uint64(33)
 _U64 = np.uint64(64)
 
 
