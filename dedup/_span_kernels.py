@@ -152,18 +152,21 @@ def _line_end(data, i, cp, end, table):
 def _paragraph_end(data, i, end, table):
     """The end of the paragraph whose first character starts at byte ``i`` and whose document has no
     character but white space from byte ``end``: after the blank line(s) and the white space following
-    them, or the document's end."""
+    them up to the start of the next paragraph's line (its indent is its own), or -1: the document's end."""
     _, size = _decode(data, i)
     i += size
     while i < end:
         if data[i] == _NEWLINE:
             r, _ = _skip_hspace(data, i + 1, end)
             if r < end and data[r] == _NEWLINE:
+                line = r
                 while True:  # the white space up to the next paragraph (there is one: r < end)
                     c, size = _decode(data, r)
                     if table[c] != CLASS_SPACE:
-                        return r
+                        return line
                     r += size
+                    if c == _NEWLINE:
+                        line = r
         _, size = _decode(data, i)
         i += size
     return -1
@@ -181,26 +184,33 @@ def _scan_document(data, first, last, table, mode, group, d, fill, count, doc, s
             i += size
             if table[c] != CLASS_SPACE:
                 tail = i
-        i = first
+        # a paragraph starts at the start of its first line: its indent, left behind by a cut, would join
+        # what follows
+        i = start = first
+        start_cp = 0
         while i < tail:
             c, size = _decode(data, i)
             if table[c] == CLASS_SPACE:
                 i += size
                 cp += 1
+                if c == _NEWLINE:
+                    start, start_cp = i, cp
                 continue
             stop = _paragraph_end(data, i, tail, table)
             stop = last if stop < 0 else stop
-            stop_cp = cp
-            j = i
+            stop_cp = start_cp
+            j = start
             while j < stop:
                 if (data[j] & 0xC0) != 0x80:
                     stop_cp += 1
                 j += 1
             if fill:
                 doc[count] = d
-                spans[count, 0], spans[count, 1], spans[count, 2], spans[count, 3] = i - first, stop - first, cp, stop_cp
+                spans[count, 0], spans[count, 1], spans[count, 2], spans[count, 3] = (start - first, stop - first,
+                                                                                      start_cp, stop_cp)
             count += 1
-            i, cp = stop, stop_cp
+            i = start = stop
+            cp = start_cp = stop_cp
         return count
     while i < last:
         if mode == LINE:

@@ -11,10 +11,11 @@ A span is a piece of a document that boilerplate repeats whole across otherwise 
 
 A span's extent (``start``, ``end``: code point offsets into the document) takes in the separator
 that follows it (the newline, the blank lines, the space after a sentence), except the newline after
-sentences that start inside their line (cutting that would join the rest of the line to the next), so
-cutting spans leaves the rest of the document with its line breaks and order. Its hash is XXH64 (seed 0) of its UTF-8 text after
-the job's normalisation (``gristmill.dedup.normalize``), so two spans that differ only in case,
-punctuation or spacing hash alike. A span whose normalised text has fewer than ``min_chars`` characters (a "Home"
+sentences that start inside their line (cutting that would join the rest of the line to the next),
+and a paragraph starts at the start of its first line (with its indent), so cutting spans leaves the rest
+of the document with its line breaks and order. Its hash is XXH64 (seed 0) of its UTF-8 text after the
+job's normalisation (``gristmill.dedup.normalize``), so two spans that differ only in case, punctuation
+or spacing hash alike. A span whose normalised text has fewer than ``min_chars`` characters (a "Home"
 link, a date, "Yes.") gets no hash and is never cut: short lines repeat by chance, not as boilerplate.
 
 Sentences end at ``.``, ``!``, ``?``, ``…``, ``;`` is not an end; the CJK full stops ``。！？``, the

@@ -13,7 +13,7 @@ from gristmill.dedup.normalize import DEFAULT_NORMALIZE, NormalizeOptions, norma
 from gristmill.dedup.spans import MIN_SPAN_CHARS, SpanMode
 
 LINE = re.compile(r"[^\n]*\n|[^\n]+")
-PARAGRAPH = re.compile(r"\S.*?(?:\n[ \t\r\f\v]*\n\s*|\s*\Z)", re.DOTALL)
+PARAGRAPH = re.compile(r"[^\S\n]*\S.*?(?:\s*\Z|\n[ \t\r\f\v]*\n(?:\s*\n)?)", re.DOTALL)
 CLOSERS = "\"'”’»)\\]）」』】〕》〉"
 SENTENCE = re.compile(
     rf"[^\n]*?(?:[.!?…]+[{CLOSERS}]*(?:[ \t\r\f\v]+|(?=\n)|\Z)|[。！？।؟۔]+[{CLOSERS}]*[ \t\r\f\v]*|\Z|(?=\n))\n?")

@@ -100,6 +100,17 @@ def test_cutting_never_joins_an_untouched_line_to_another(text: str, mode: SpanM
         start = end + 1
 
 
+def test_a_paragraph_starts_at_the_start_of_its_line() -> None:
+    """Found by CI: with its indent left out, cutting the paragraph of `` ?\\n\\n?`` joined the indent to
+    the untouched ``?`` after it."""
+    text = " \n  Cookie notice here\n\n  The article\n \n  Read more\n"
+    bounds = span_bounds(text, SpanMode.parse("paragraph"))
+    assert [text[s:e] for s, e in bounds] == ["  Cookie notice here\n\n", "  The article\n \n", "  Read more\n"]
+    assert cut_spans(text, bounds[:1]) == " \n  The article\n \n  Read more\n"
+    assert cut_spans(text, bounds[1:2]) == " \n  Cookie notice here\n\n  Read more\n"
+    assert cut_spans(" ?\n\n?", span_bounds(" ?\n\n?", SpanMode.parse("paragraph"))[:1]) == "?"
+
+
 def test_lines_paragraphs_and_sentences_each_take_their_separator() -> None:
     text = "Menu home page link\n\nFirst sentence here. Second one! Third?\nlast line"
     assert [text[s:e] for s, e in span_bounds(text, SpanMode.parse("line"))] == [
