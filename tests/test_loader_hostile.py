@@ -18,6 +18,7 @@ from gristmill.loaders import ByteTokenizer, StreamingLoader
 from gristmill.loaders.checks import INT32_MAX, INT32_MIN
 from gristmill.loaders.mixing import MixedLoader
 from gristmill.loaders.state import MAX_STREAMS, parse_state
+from gristmill.pipeline.format.sizes import parse_size
 from tests.test_loader import make_corpus
 
 ROWS = 400
@@ -108,6 +109,17 @@ ANYTHING = st.one_of(NOT_INTEGERS, st.none(), st.integers())
 def below(minimum: int) -> st.SearchStrategy[Any]:
     """Values a count field with this minimum must refuse: smaller integers, or no integer at all."""
     return st.one_of(st.integers(max_value=minimum - 1), NOT_INTEGERS, st.none())
+
+
+def size_below(minimum: int) -> st.SearchStrategy[Any]:
+    """Values a byte size with this minimum must refuse: ``below``, less the text that names a size
+    (``"1"``, ``"9k"``: as the command line takes them) of at least ``minimum`` bytes."""
+    def names_a_size(value: Any) -> bool:
+        try:
+            return isinstance(value, str) and parse_size(value) >= minimum
+        except ValueError:
+            return False
+    return below(minimum).filter(lambda value: not names_a_size(value))
 
 
 def unlike(value: Any) -> st.SearchStrategy[Any]:
@@ -327,9 +339,9 @@ BAD_ARGUMENTS: dict[str, tuple[dict[str, Any], st.SearchStrategy[Any]]] = {
     "seq_len": ({}, optional(below(1))),
     "steps_per_epoch": ({"seq_len": 16}, optional(below(1))),
     "shuffle_window": ({}, optional(below(1))),
-    "prefetch_bytes": ({}, below(1)),
+    "prefetch_bytes": ({}, size_below(1)),
     "io_threads": ({}, optional(below(0))),
-    "cache_bytes": ({}, below(1)),
+    "cache_bytes": ({}, size_below(1)),
     "retries": ({}, below(0)),
     "pad_id": ({"seq_len": 16}, st.one_of(NOT_INTEGERS, st.none(), st.integers(max_value=INT32_MIN - 1),
                                           st.integers(min_value=INT32_MAX + 1))),
