@@ -30,9 +30,10 @@ system-deps:
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-# two workers, whole files each (a file's module fixtures, e.g. its Ray cluster, stay in one process)
+# two workers, whole files each (a file's module fixtures, e.g. its Ray cluster, stay in one process),
+# in the order tests/conftest.py gives them (the modules that share one local Ray first)
 test: $(STAMP) system-deps lint
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 demo: $(STAMP)
 	$(PY) -m gristmill.pipeline.demo

@@ -4,6 +4,7 @@ counting, fault-injecting proxy in front of it (benchmarks/shaped_store.py)."""
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -15,14 +16,54 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules that share ``ray_local`` run first, one after another, so a pytest process starts that Ray
+    once rather than once per module; then the rest, most tests first (pytest-xdist's own order, which
+    ``make test`` turns off for this one). Every xdist worker sorts the same collection alike."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def rank(tests: list[pytest.Item]) -> tuple[bool, int]:
+        return (not any("ray_local" in getattr(test, "fixturenames", ()) for test in tests), -len(tests))
+
+    items[:] = [test for tests in sorted(modules.values(), key=rank) for test in tests]
+
+
+def _asks_for_local_ray(module: pytest.Module) -> bool:
+    return any("ray_local" in getattr(item, "fixturenames", ()) for item in module.session.items
+               if getattr(item, "module", None) is module.obj)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_local_ray_unless_asked(request: pytest.FixtureRequest) -> None:
+    """The local Ray that ``ray_local`` leaves up is shut down before a module that does not ask for it:
+    such a module starts its own Ray (clusters, private nodes) or runs the job without one."""
+    if "ray" in sys.modules:  # no module has started a Ray if none has imported it
+        import ray
+
+        if ray.is_initialized() and not _asks_for_local_ray(request.node):
+            ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def _local_ray_at_exit() -> Iterator[None]:
+    yield
+    if "ray" in sys.modules:
+        import ray
+
+        ray.shutdown()
+
+
 @pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    """A private local Ray with two CPUs for one test module (started once, shut down after it)."""
+def ray_local(_local_ray_at_exit: None) -> Iterator[None]:
+    """A private local Ray with two CPUs, shared by the modules of one pytest process that ask for it one
+    after another: each start costs ~6 CPU-s (a dozen processes), 22 modules ask, and CI has 2 cores."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -51,7 +51,7 @@ def _kill_when(process: subprocess.Popen, ready: callable, out: Path) -> None:
     assert not (out / "_manifest.json").exists(), "the job finished before it was killed; nothing was tested"
 
 
-def test_driver_killed_in_two_stages_then_rerun_gives_the_identical_corpus(tmp_path: Path) -> None:
+def test_driver_killed_in_two_stages_then_rerun_gives_the_identical_corpus(tmp_path: Path, ray_local: None) -> None:
     inputs = tmp_path / "in"
     inputs.mkdir()
     texts = documents(48)
@@ -61,13 +61,9 @@ def test_driver_killed_in_two_stages_then_rerun_gives_the_identical_corpus(tmp_p
     work = out / "_work"
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    try:
-        run_dedup(DedupConfig(inputs=[str(inputs)], output=str(reference), split_bytes=SPLIT_BYTES,
-                              num_partitions=PARTITIONS))
-        _kill_twice_then_finish(inputs, out, ray.get_runtime_context().gcs_address)
-    finally:
-        ray.shutdown()
+    run_dedup(DedupConfig(inputs=[str(inputs)], output=str(reference), split_bytes=SPLIT_BYTES,
+                          num_partitions=PARTITIONS))
+    _kill_twice_then_finish(inputs, out, ray.get_runtime_context().gcs_address)
     resumed, expected = Corpus.open(str(out)), Corpus.open(str(reference))
     assert [s.to_dict() for s in resumed.shards] == [s.to_dict() for s in expected.shards]
     assert {"read", "exact", "sign", "buckets"} <= set(resumed.stats["resumed_stages"])

@@ -14,16 +14,11 @@ from gristmill.pipeline.cli import main
 pytestmark = pytest.mark.timeout(240)
 
 
-def test_stats_html_writes_the_report_of_a_real_corpus(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    import ray
-
+def test_stats_html_writes_the_report_of_a_real_corpus(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                       ray_local: None) -> None:
     write_parquet(tmp_path / "in.parquet", documents(12), prefix="x")  # urls on three domains, a language
     out, removed, page = tmp_path / "corpus", tmp_path / "removed", tmp_path / "report.html"
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    try:
-        assert main(["dedup", str(tmp_path / "in.parquet"), "-o", str(out), "--removed", str(removed)]) == 0
-    finally:
-        ray.shutdown()
+    assert main(["dedup", str(tmp_path / "in.parquet"), "-o", str(out), "--removed", str(removed)]) == 0
     capsys.readouterr()
     assert main(["stats", str(out), "--json", "--html", str(page)]) == 0
     captured = capsys.readouterr()
