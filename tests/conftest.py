@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -74,13 +75,24 @@ def ray_local(_local_ray_at_exit: None, s3_server: dict) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[dict]:
     """moto's standalone S3 server on 127.0.0.1; yields fsspec storage options for s3fs."""
+    from moto.s3.responses import S3Response
     from moto.server import ThreadedMotoServer
 
+    mp = pytest.MonkeyPatch()
+    # S3 checks a conditional PUT's If-None-Match / If-Match and stores the object as one step; moto
+    # checks, then stores, with no lock between, so two racing writers could both win (seen once in
+    # the eight-writer lease race). One PUT at a time makes moto as atomic as S3.
+    put_object, one_put = S3Response.put_object, threading.Lock()
+
+    def atomic_put_object(self: S3Response) -> object:
+        with one_put:
+            return put_object(self)
+
+    mp.setattr(S3Response, "put_object", atomic_put_object)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    mp = pytest.MonkeyPatch()
     for key, value in {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
