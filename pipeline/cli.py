@@ -134,6 +134,15 @@ def _not_ray_token_notice(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 
 
+def _is_interrupt(error: BaseException | None) -> bool:
+    """Ctrl-C: a KeyboardInterrupt, or a SystemError raised with one pending, however deep the chain
+    (numba's dispatcher wraps a KeyboardInterrupt raised while compiled code runs in a SystemError
+    caused by it, and may wrap that again); any other SystemError is a crash."""
+    while isinstance(error, SystemError):
+        error = error.__cause__ or error.__context__
+    return isinstance(error, KeyboardInterrupt)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit status (see ``EXIT_STATUS``).
 
@@ -173,8 +182,7 @@ def _dispatch(tokens: list[str], command: str | None, as_program: bool) -> int:
               f"(missing module: {exc.name})", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, SystemError) as exc:
-        # Ctrl-C inside compiled code (numba's dispatcher) surfaces as a SystemError caused by it
-        if isinstance(exc, SystemError) and not isinstance(exc.__cause__, KeyboardInterrupt):
+        if not _is_interrupt(exc):
             raise
         resume = "; run the same command again to resume" if command in RESUMABLE else ""
         print(f"gristmill {command}: interrupted{resume}", file=sys.stderr)
