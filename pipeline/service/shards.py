@@ -59,6 +59,7 @@ log = logging.getLogger("gristmill.serve")
 
 SHARDS_FILE = "shards.json"
 NAMESPACE = "gristmill-serve"
+HEAD_RESOURCE = "node:__internal_head__"  # Ray's resource of the head node alone
 DEFAULT_CALL_TIMEOUT = 10.0  # seconds a request waits on a shard before it is answered 503
 
 
@@ -196,8 +197,8 @@ class ShardedService:
     """The HTTP front's side of ``serve --shards``: hashing, routing and the add lock; the same
     ``handle``/``stats``/``report``/``counters`` as :class:`DedupService`, so one HTTP app serves both.
 
-    ``state`` on a store (``s3://...``): the shard count and each shard's log live there, shards are
-    spread over the nodes by Ray and restart on any node. A local folder: each shard's folder is on
+    ``state`` on a store (``s3://...``): the shard count and each shard's log live there, shard ``k``
+    starts on the ``k``-th alive node (worker nodes first, the head last) and restarts on any node. A local folder: each shard's folder is on
     the node it is pinned to (a cluster whose nodes share that disk)."""
 
     def __init__(self, state: str, shards: int, params: IndexParams | None, *, index_url: str | None = None,
@@ -215,7 +216,12 @@ class ShardedService:
         state = self.state = state.rstrip("/") if self.durable else os.path.abspath(state)
         if self.durable:
             check_shard_count(state, shards)
-            self.shards = [actor.options(**options, name=shard_name(state, k), scheduling_strategy="SPREAD").remote(
+            # a soft affinity, not Ray's SPREAD: that is best effort, and on a busy cluster it put both
+            # shards of a test on the head; soft, so a shard whose node is gone restarts on another
+            alive = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: HEAD_RESOURCE in n["Resources"])
+            self.shards = [actor.options(**options, name=shard_name(state, k),
+                                         scheduling_strategy=NodeAffinitySchedulingStrategy(
+                                             alive[k % len(alive)]["NodeID"], soft=True)).remote(
                 None, *config, (k, shards), compact_every, f"{state}/shard-{k}") for k in range(shards)]
         else:
             os.makedirs(state, exist_ok=True)
