@@ -19,18 +19,14 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules that share ``ray_local`` run first, one after another, so a pytest process starts that Ray
-    once rather than once per module; then the rest, those that declare a longer timeout (clusters,
-    private nodes: a minute or more each) before the others, so that none of them is the last one left
-    running on one worker while the other idles; then most tests first (pytest-xdist's own order, which
+    once rather than once per module; then the rest, most tests first (pytest-xdist's own order, which
     ``make test`` turns off for this one). Every xdist worker sorts the same collection alike."""
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
 
-    def rank(tests: list[pytest.Item]) -> tuple[bool, float, int]:
-        timeout = tests[0].get_closest_marker("timeout")
-        return (not any("ray_local" in getattr(test, "fixturenames", ()) for test in tests),
-                -(timeout.args[0] if timeout and timeout.args else 0), -len(tests))
+    def rank(tests: list[pytest.Item]) -> tuple[bool, int]:
+        return (not any("ray_local" in getattr(test, "fixturenames", ()) for test in tests), -len(tests))
 
     items[:] = [test for tests in sorted(modules.values(), key=rank) for test in tests]
 
