@@ -59,7 +59,7 @@ def _local_ray_at_exit() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def ray_local(_local_ray_at_exit: None, s3_server: dict) -> Iterator[None]:
     """A private local Ray with two CPUs, shared by the modules of one pytest process that ask for it one
-    after another: each start costs ~6 CPU-s (a dozen processes), 22 modules ask, and CI has 2 cores.
+    after another: each start costs ~6 CPU-s (a dozen processes), 25 modules ask, and CI has 2 cores.
     Started after ``s3_server``: its workers keep the environment they start with, the S3 settings too."""
     import ray
 
