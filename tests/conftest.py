@@ -26,14 +26,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
 
     def rank(tests: list[pytest.Item]) -> tuple[bool, int]:
-        return (not any("ray_local" in getattr(test, "fixturenames", ()) for test in tests), -len(tests))
+        return (not any(map(_asks_for_local_ray, tests)), -len(tests))
 
     items[:] = [test for tests in sorted(modules.values(), key=rank) for test in tests]
 
 
-def _asks_for_local_ray(module: pytest.Module) -> bool:
-    return any("ray_local" in getattr(item, "fixturenames", ()) for item in module.session.items
-               if getattr(item, "module", None) is module.obj)
+def _asks_for_local_ray(item: pytest.Item) -> bool:
+    return "ray_local" in getattr(item, "fixturenames", ())
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,7 +42,10 @@ def _no_local_ray_unless_asked(request: pytest.FixtureRequest) -> None:
     if "ray" in sys.modules:  # no module has started a Ray if none has imported it
         import ray
 
-        if ray.is_initialized() and not _asks_for_local_ray(request.node):
+        module = request.node
+        asks = any(_asks_for_local_ray(item) for item in module.session.items
+                   if getattr(item, "module", None) is module.obj)
+        if ray.is_initialized() and not asks:
             ray.shutdown()
 
 

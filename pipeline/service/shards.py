@@ -198,8 +198,9 @@ class ShardedService:
     ``handle``/``stats``/``report``/``counters`` as :class:`DedupService`, so one HTTP app serves both.
 
     ``state`` on a store (``s3://...``): the shard count and each shard's log live there, shard ``k``
-    starts on the ``k``-th alive node (worker nodes first, the head last) and restarts on any node. A local folder: each shard's folder is on
-    the node it is pinned to (a cluster whose nodes share that disk)."""
+    starts on the ``k``-th alive node (worker nodes first, the head last) and restarts on any node.
+    A local folder: each shard's folder is on the node it is pinned to (a cluster whose nodes share
+    that disk)."""
 
     def __init__(self, state: str, shards: int, params: IndexParams | None, *, index_url: str | None = None,
                  compact_every: int, nodes: Sequence[str] | None = None,
