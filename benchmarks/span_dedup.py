@@ -188,8 +188,8 @@ def baseline(source: Path, target: Path, normalised: bool = False) -> None:
     with open(source) as lines, open(target, "w") as out:
         for number, raw in enumerate(lines):
             doc = json.loads(raw)
-            kept = [line for line in doc["text"].split("\n") if len(key(line)) < 20
-                    or first[xxhash.xxh3_64_intdigest(key(line).encode())] == number]
+            kept = [line for line, text in ((line, key(line)) for line in doc["text"].split("\n"))
+                    if len(text) < 20 or first[xxhash.xxh3_64_intdigest(text.encode())] == number]
             out.write(json.dumps({"id": doc["id"], "text": "\n".join(kept)}) + "\n")
 
 
