@@ -113,6 +113,29 @@ def fold(data, offsets, table, punctuation, digits, whitespace):
     return fold_ranges(data, offsets[:-1], offsets[1:], table, punctuation, digits, whitespace)
 
 
+@njit(cache=True, inline="always")
+def _fold_char(source, i, length, cp, table, punctuation, digits, whitespace, out, o, start, pending_space):
+    """Steps 3-5 of one code point (its ``length`` UTF-8 bytes at ``source[i]``), written at ``out[o]``
+    in a range whose output began at ``start``: the next ``o`` and whether a space is pending."""
+    cls = table[cp]
+    if punctuation and cls == CLASS_PUNCT:
+        cls = CLASS_SPACE
+        if not whitespace:
+            out[o] = _SPACE
+            return o + 1, pending_space
+    if whitespace and cls == CLASS_SPACE:
+        return o, o > start
+    if pending_space:
+        out[o] = _SPACE
+        o += 1
+    if digits and cls == CLASS_DIGIT:
+        out[o] = _ZERO_DIGIT
+        return o + 1, False
+    for k in range(length):
+        out[o + k] = source[i + k]
+    return o + length, False
+
+
 @njit(cache=True)
 def fold_ranges(data, starts, ends, table, punctuation, digits, whitespace):
     """``fold`` of the byte ranges ``starts[i]:ends[i]`` of ``data`` (the spans of a batch), each
@@ -131,32 +154,60 @@ def fold_ranges(data, starts, ends, table, punctuation, digits, whitespace):
         pending_space = False
         while i < end:
             cp, length = _decode(data, i)
-            cls = table[cp]
-            if punctuation and cls == CLASS_PUNCT:
-                cls = CLASS_SPACE
-                if not whitespace:
-                    out[o] = _SPACE
-                    o += 1
-                    i += length
-                    continue
-            if whitespace and cls == CLASS_SPACE:
-                pending_space = o > start
-                i += length
-                continue
-            if pending_space:
-                out[o] = _SPACE
-                o += 1
-                pending_space = False
-            if digits and cls == CLASS_DIGIT:
-                out[o] = _ZERO_DIGIT
-                o += 1
-            else:
-                for k in range(length):
-                    out[o + k] = data[i + k]
-                o += length
+            o, pending_space = _fold_char(data, i, length, cp, table, punctuation, digits, whitespace, out, o, start,
+                                          pending_space)
             i += length
         out_offsets[d + 1] = o
     return out[:o], out_offsets
+
+
+@njit(cache=True)
+def normalize_ranges(data, starts, ends, kind, pool_starts, pool, table, punctuation, digits, whitespace, room):
+    """Steps 0-5 (``prefold`` then ``fold``) of the byte ranges ``starts[i]:ends[i]`` of ``data``, each
+    on its own, in one pass where every character of the range folds on its own (``kind``, ``pool_starts``
+    and ``pool`` from ``normalize.char_folds``): the normalised ranges one after the other, their offsets,
+    and per range whether it needs its context (left empty, for the interpreter's ``prefold``). The output
+    gets ``room`` bytes; offsets of None when it needs more (a text whose case folding grows it)."""
+    n = starts.shape[0]
+    widest = 5  # the most bytes one character's steps 0-5 can write: its folded form and a pending space
+    for cp in range(pool_starts.shape[0] - 1):
+        widest = max(widest, pool_starts[cp + 1] - pool_starts[cp] + 1)
+    out = np.empty(room + widest, dtype=np.uint8)
+    out_offsets = np.zeros(n + 1, dtype=np.int64)
+    context = np.zeros(n, dtype=np.bool_)
+    o = 0
+    for r in range(n):
+        i = starts[r]
+        end = ends[r]
+        start = o
+        pending_space = False
+        while i < end:
+            if o > room:
+                return out, None, context
+            if data[i] < 0x80 and kind[data[i]] == KEEP:
+                o, pending_space = _fold_char(data, i, 1, np.int64(data[i]), table, punctuation, digits, whitespace,
+                                              out, o, start, pending_space)
+                i += 1
+                continue
+            cp, size = _decode(data, i)
+            k = kind[cp]
+            if k == CONTEXT:
+                context[r] = True
+                o = start
+                break
+            if k == KEEP:
+                o, pending_space = _fold_char(data, i, size, cp, table, punctuation, digits, whitespace, out, o, start,
+                                              pending_space)
+            else:
+                j = pool_starts[cp]
+                while j < pool_starts[cp + 1]:
+                    folded, length = _decode(pool, j)
+                    o, pending_space = _fold_char(pool, j, length, folded, table, punctuation, digits, whitespace,
+                                                  out, o, start, pending_space)
+                    j += length
+            i += size
+        out_offsets[r + 1] = o
+    return out[:o], out_offsets, context
 
 
 @njit(cache=True)

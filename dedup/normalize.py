@@ -19,10 +19,10 @@ it as ``empty`` and the service refuses it, so a text of invisible characters is
 
 Steps 1-2 use CPython's C implementations; steps 3-5 run compiled over the UTF-8 bytes of a whole
 batch with a code point class table built once per process from ``unicodedata`` (so the result
-follows the Unicode version of the running Python). ``prefold_batch`` (the span pass's) runs steps
-0-2 compiled too, from a per-code-point table, for every document whose characters NFKC cannot join
-to their neighbours (``char_folds``), and hands the rest to CPython's: the same bytes, tested against
-every code point and with hypothesis.
+follows the Unicode version of the running Python). ``prefold_batch`` and ``normalize_batch`` (the span
+pass's) run steps 0-2 compiled too, from a per-code-point table, for every text whose characters NFKC
+cannot join to their neighbours (``char_folds``), and hand the rest to CPython's: the same bytes,
+tested against every code point and with hypothesis.
 """
 
 from __future__ import annotations
@@ -182,6 +182,39 @@ def prefold_batch(array: pa.LargeStringArray, options: NormalizeOptions) -> tupl
         out, out_offsets = K.splice(out, out_offsets, *prepare(array.take(pa.array(rows)), options), rows)
     out.flags.writeable = False
     return out, out_offsets
+
+
+def normalize_batch(array: pa.LargeStringArray, options: NormalizeOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Steps 0-5 of an Arrow batch, the normalised texts one after the other with their offsets: in one
+    compiled pass for the texts whose characters all fold on their own (``char_folds``), through the
+    interpreter's ``prefold`` for the others; the same bytes either way."""
+    from . import _kernels as K  # on first use: see dedup/_constants.py
+
+    data, offsets = utf8_buffers(array)
+    out, out_offsets, others = normalize_ranges(data, offsets[:-1], offsets[1:], options)
+    if others.any():
+        rows = np.flatnonzero(others)
+        out, out_offsets = K.splice(out, out_offsets, *fold_prepared(*prepare(array.take(pa.array(rows)), options),
+                                                                     options), rows)
+    return out, out_offsets
+
+
+def normalize_ranges(data: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                     options: NormalizeOptions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps 0-5 of each byte range ``starts[i]:ends[i]`` of UTF-8 ``data`` on its own, compiled: the
+    normalised ranges with their offsets, and which ranges hold a character that needs its neighbours
+    (left empty: the caller folds those through ``prefold``)."""
+    from . import _kernels as K  # on first use: see dedup/_constants.py
+
+    room = int((ends - starts).sum())
+    while True:
+        out, offsets, context = K.normalize_ranges(data, starts, ends, *char_folds(options.ignorables, options.nfkc,
+                                                                                   options.casefold),
+                                                   class_table(), options.punctuation, options.digits,
+                                                   options.whitespace, room)
+        if offsets is not None:
+            return out, offsets, context
+        room *= 2
 
 
 def is_blank(prefolded: str) -> bool:

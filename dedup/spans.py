@@ -24,10 +24,12 @@ Devanagari danda ``।``, the Arabic ``؟`` and ``۔`` end one too, with or with
 not a trained model: ``Dr. Smith`` splits in two, which only makes spans shorter.
 
 The work runs compiled over a whole batch (``_span_kernels``; the plain per-span code it must equal is
-``tests/span_reference.py``): the spans are found in the UTF-8 bytes, each document is normalised once
-with a newline inserted at every span boundary that has none (a newline never takes part in NFKC, case
-folding or the removal of ignorables, so each span normalises exactly as it would on its own), and each
-span is folded and hashed where it lies in the normalised batch.
+``tests/span_reference.py``): the spans are found in the UTF-8 bytes, and each span is normalised on its
+own in one pass (``normalize.normalize_ranges``) and hashed. A document with a span that holds a
+character NFKC folds with its neighbours (a combining mark, a Hangul jamo) is normalised whole instead,
+once, with a newline inserted at every span boundary that has none (a newline never takes part in
+NFKC, case folding or the removal of ignorables, so each span normalises exactly as it would on its
+own), and each of its spans is folded and hashed where it lies in the normalised text.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from .normalize import (
     Texts,
     as_strings,
     class_table,
+    normalize_ranges,
     prefold_batch,
     utf8_batch,
     utf8_buffers,
@@ -97,9 +100,28 @@ class DocumentSpans:
 def document_spans(texts: Texts, mode: SpanMode, options: NormalizeOptions = DEFAULT_NORMALIZE,
                    min_chars: int = MIN_SPAN_CHARS) -> DocumentSpans:
     """Every span of every text that has at least ``min_chars`` normalised characters, hashed."""
-    from . import _kernels, _span_kernels
+    from . import _span_kernels
 
     data, offsets = _utf8(texts)
+    doc, bounds = _scan(data, offsets, mode)
+    first = offsets[doc]
+    folded, folded_offsets, context = normalize_ranges(data, first + bounds[:, 0], first + bounds[:, 1], options)
+    hashes, chars = _span_kernels.xxh64(folded, folded_offsets)
+    if context.any():  # documents with a span that NFKC folds with its neighbours: normalised whole
+        rows = np.unique(doc[context])
+        again = np.isin(doc, rows)
+        hashes[again], chars[again] = _hashes_in_context(_take(data, offsets, rows), mode, options)
+    chosen = chars >= min_chars
+    return DocumentSpans(doc[chosen], bounds[chosen, 2], bounds[chosen, 3], hashes[chosen])
+
+
+def _hashes_in_context(texts: pa.LargeStringArray, mode: SpanMode,
+                       options: NormalizeOptions) -> tuple[np.ndarray, np.ndarray]:
+    """The hash and normalised length of every span of ``texts``, each document normalised once with a
+    newline inserted at every span boundary that has none (see the module's docstring)."""
+    from . import _kernels, _span_kernels
+
+    data, offsets = utf8_buffers(texts)
     doc, bounds = _scan(data, offsets, mode)
     marked, marked_offsets, lines, inserted = _span_kernels.mark(data, offsets, doc, bounds)
     batch = pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(marked_offsets), pa.py_buffer(marked))
@@ -107,9 +129,14 @@ def document_spans(texts: Texts, mode: SpanMode, options: NormalizeOptions = DEF
     starts, ends = _span_kernels.locate(normal, normal_offsets, doc, lines, inserted)
     folded, folded_offsets = _kernels.fold_ranges(normal, starts, ends, class_table(), options.punctuation,
                                                   options.digits, options.whitespace)
-    hashes, chars = _span_kernels.xxh64(folded, folded_offsets)
-    chosen = chars >= min_chars
-    return DocumentSpans(doc[chosen], bounds[chosen, 2], bounds[chosen, 3], hashes[chosen])
+    return _span_kernels.xxh64(folded, folded_offsets)
+
+
+def _take(data: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> pa.LargeStringArray:
+    """Documents ``rows`` of a batch given as its UTF-8 bytes and offsets."""
+    batch = pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets - offsets[0]),
+                                             pa.py_buffer(data[offsets[0]:]))
+    return batch.take(pa.array(rows))
 
 
 def _utf8(texts: Texts) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gristmill import dedup
-from gristmill.dedup.normalize import DEFAULT_NORMALIZE, NormalizeOptions, prefold_batch, prepare
+from gristmill.dedup.normalize import (
+    DEFAULT_NORMALIZE,
+    NormalizeOptions,
+    fold_prepared,
+    normalize_batch,
+    prefold_batch,
+    prepare,
+)
 
 NONE = dedup.NormalizeOptions(nfkc=False, casefold=False, whitespace=False, punctuation=False, digits=False,
                               ignorables=False)
@@ -93,14 +100,20 @@ def test_class_table_covers_every_code_point() -> None:
     assert table[ord("a")] == table[ord("한")] == 0
 
 
+def _split(data: np.ndarray, offsets: np.ndarray) -> list[bytes]:
+    raw = data.tobytes()
+    return [raw[offsets[i] - offsets[0]: offsets[i + 1] - offsets[0]] for i in range(len(offsets) - 1)]
+
+
 def _compiled_and_plain(texts: list[str], options: NormalizeOptions) -> tuple[list[bytes], list[bytes]]:
     """Steps 0-2 of each text by ``prefold_batch`` and by the interpreter's ``prepare``."""
-    def split(data: np.ndarray, offsets: np.ndarray) -> list[bytes]:
-        raw = data.tobytes()
-        return [raw[offsets[i] - offsets[0]: offsets[i + 1] - offsets[0]] for i in range(len(offsets) - 1)]
+    return _split(*prefold_batch(pa.array(texts, pa.large_string()), options)), _split(*prepare(texts, options))
 
-    return (split(*prefold_batch(pa.array(texts, pa.large_string()), options)),
-            split(*prepare(texts, options)))
+
+def _normalised_both_ways(texts: list[str], options: NormalizeOptions) -> tuple[list[bytes], list[bytes]]:
+    """Steps 0-5 of each text by ``normalize_batch`` (one compiled pass) and by ``prepare`` then ``fold``."""
+    return (_split(*normalize_batch(pa.array(texts, pa.large_string()), options)),
+            _split(*fold_prepared(*prepare(texts, options), options)))
 
 
 OPTIONS = st.builds(NormalizeOptions, nfkc=st.booleans(), casefold=st.booleans(), ignorables=st.booleans())
@@ -122,3 +135,19 @@ def test_every_character_alone_folds_as_the_interpreter_folds_it() -> None:
     texts = [chr(cp) for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF]
     compiled, plain = _compiled_and_plain(texts, DEFAULT_NORMALIZE)
     assert compiled == plain
+    compiled, plain = _normalised_both_ways([f" {text}A{text}1 " for text in texts], DEFAULT_NORMALIZE)
+    assert compiled == plain
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(JOINING, st.text(max_size=40)), max_size=5),
+       st.builds(NormalizeOptions, *[st.booleans()] * 6))
+def test_the_compiled_normalisation_equals_prefold_then_fold(texts: list[str], options: NormalizeOptions) -> None:
+    compiled, plain = _normalised_both_ways(texts, options)
+    assert compiled == plain
+
+
+def test_a_batch_whose_folding_grows_it_elevenfold_is_normalised_whole() -> None:
+    texts = ["\ufdfa" * 1000, "ŉ" * 500 + "Ǉ", "\ufdfa"]  # U+FDFA: 3 bytes in, 33 out (NFKC), the most of any
+    compiled, plain = _normalised_both_ways(texts, DEFAULT_NORMALIZE)
+    assert compiled == plain and len(compiled[0]) > 10 * len(texts[0].encode())

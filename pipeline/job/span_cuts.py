@@ -46,7 +46,7 @@ class SpanCutter:
     def cut(self, group: pa.Table, keys: np.ndarray, status: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         """The batch with each kept document's cuts made (its content hash follows its new text) and the
         status of each row (SPANS where too little is left)."""
-        from gristmill.dedup.normalize import fold_prepared, hashes_of_folded, prefold_batch
+        from gristmill.dedup.normalize import hashes_of_folded, normalize_batch
         from gristmill.dedup.spans import cut_batch
 
         status = status.copy()
@@ -77,8 +77,7 @@ class SpanCutter:
                 "span_hash": [f"{value:016x}" for value in self.cut_hash[chosen].tolist()],
                 "kept_by": self.cut_kept_by.take(pa.array(chosen))}, schema=SPANS_CUT_SCHEMA))
         options = self.job.params.hasher().normalize
-        new_hashes = hashes_of_folded(*fold_prepared(*prefold_batch(cut_texts.take(pa.array(changed)), options),
-                                                     options))
+        new_hashes = hashes_of_folded(*normalize_batch(cut_texts.take(pa.array(changed)), options))
         hashes = group["content_hash"].to_pylist()
         for position, value in zip(changed.tolist(), new_hashes, strict=True):
             hashes[position] = value
