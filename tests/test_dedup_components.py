@@ -5,13 +5,14 @@ converged components leaving the working set; and the two-phase survivor choice.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gristmill import dedup
 from gristmill.dedup import components
-from gristmill.dedup.cluster import distinct
+from gristmill.dedup.cluster import _dense_rank, distinct
 from gristmill.dedup.simulate import Simulation, simulate_components
 
 MILLION = 1_000_000
@@ -171,3 +172,14 @@ def test_two_phase_survivors_equal_the_one_phase_choice(rows: list[tuple[int, in
     np.testing.assert_array_equal(chosen[final.row], rep_index[is_rep][np.argsort(labels[is_rep])])
     np.testing.assert_array_equal(final.weight, np.bincount(np.unique(labels, return_inverse=True)[1],
                                                             weights=copies).astype(np.int64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=6), max_size=30), st.integers(0, 30))
+def test_ids_rank_in_code_point_order_from_arrow_and_from_python(ids: list[str], split: int) -> None:
+    expected = [sorted(set(ids)).index(value) for value in ids]  # Python's str order: code points
+    column = pa.chunked_array([pa.array(ids[:split], pa.string()), pa.array(ids[split:], pa.string())])
+    assert _dense_rank(column).tolist() == expected
+    assert _dense_rank(pa.array(ids, pa.large_string())).tolist() == expected
+    if not any(value.endswith("\x00") for value in ids):  # numpy's str drops trailing NULs
+        assert _dense_rank(ids).tolist() == expected
