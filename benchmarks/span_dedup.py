@@ -267,6 +267,8 @@ def main() -> None:
     parser.add_argument("--datatrove-python", help="a Python with datatrove 0.10.1 and spaCy (default: skip it)")
     parser.add_argument("--tools", nargs="+", help="run only these (default: all; the first, plain gristmill, is "
                         "what the others' damage and ratio are measured against)")
+    parser.add_argument("--cpu-only", action="store_true",
+                        help="measure CPU and memory only, reading no output back (for corpora of several GB)")
     parser.add_argument("--baseline-only", nargs=2, type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--normalised", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -275,17 +277,19 @@ def main() -> None:
         return
     args.work.mkdir(parents=True, exist_ok=True)
     for megabytes in args.mb:
-        compare(args.work, megabytes, args.runs, args.datatrove_python, args.tools)
+        compare(args.work, megabytes, args.runs, args.datatrove_python, args.tools, args.cpu_only)
 
 
-def compare(work: Path, megabytes: float, runs: int, datatrove_python: str | None, only: list[str] | None) -> None:
-    """One corpus of ``megabytes``: every tool ``runs`` times, a table of medians, the issue's ratios."""
+def compare(work: Path, megabytes: float, runs: int, datatrove_python: str | None, only: list[str] | None,
+            cpu_only: bool = False) -> None:
+    """One corpus of ``megabytes``: every tool ``runs`` times, a table of medians, the issue's ratios;
+    with ``cpu_only`` no output is read back (the checks hold every text in memory: 23 GB at 3 GB)."""
     corpus = work / f"corpus-{megabytes:g}mb.jsonl"
     if not corpus.exists():
         print("corpus:", build_corpus(corpus, megabytes), file=sys.stderr)
     size = corpus.stat().st_size
-    unique = unique_lines(corpus)
-    inputs = read_output("jsonl", corpus)
+    unique = {} if cpu_only else unique_lines(corpus)
+    inputs = {} if cpu_only else read_output("jsonl", corpus)
     bytes_in = sum(len(t.encode()) for t in inputs.values())
     tools = ["gristmill", "gristmill line", "gristmill sentences:3", "hash-of-lines baseline",
              "hash-of-normalised-lines baseline"]
@@ -297,27 +301,30 @@ def compare(work: Path, megabytes: float, runs: int, datatrove_python: str | Non
         measured = [run_tool(tool, corpus, work / f"{megabytes:g}mb-{tool.replace(' ', '-')}-{run}", datatrove_python)
                     for run in range(runs)]
         out, kind = measured[-1][1], measured[-1][2]
-        output = read_output(kind, out)
+        output = {} if cpu_only else read_output(kind, out)
         if tool == "gristmill":
             whole = set(inputs) - set(output)
         kept = sum(len(t.encode()) for t in output.values())
         workers = [p["rss"] for r, _, _ in measured for p in r["processes"]]
         cpu = statistics.median(r["cpu"] for r, _, _ in measured)
-        rows.append({"tool": tool, "documents_out": len(output), "bytes_cut_or_removed": bytes_in - kept,
-                     "unique_lines_damaged": damaged(unique, output, whole if tool.startswith("gristmill") else set()),
+        checked = None if cpu_only else damaged(unique, output, whole if tool.startswith("gristmill") else set())
+        rows.append({"tool": tool, "documents_out": None if cpu_only else len(output),
+                     "bytes_cut_or_removed": None if cpu_only else bytes_in - kept, "unique_lines_damaged": checked,
                      "cpu_s": round(cpu, 2), "cpu_s_per_gb": round(cpu / (size / 1e9), 1),
                      "wall_s": round(statistics.median(r["wall"] for r, _, _ in measured), 2),
                      "peak_worker_mib": round(max(workers) / 2**20), "runs": runs})
         print(json.dumps(rows[-1]), file=sys.stderr)
     cpu = {row["tool"]: row["cpu_s"] for row in rows}
     plain = cpu.get("gristmill", float("nan"))
-    print(f"corpus: {len(inputs):,} documents, {size / 1e6:.1f} MB, {sum(map(len, unique.values())):,} unique lines; "
-          f"medians of {runs} runs, {time.strftime('%Y-%m-%d')}")
+    counted = "not read back (--cpu-only)" if cpu_only else (f"{len(inputs):,} documents, "
+                                                             f"{sum(map(len, unique.values())):,} unique lines")
+    print(f"corpus: {size / 1e6:.1f} MB, {counted}; medians of {runs} runs, {time.strftime('%Y-%m-%d')}")
     print(f"{'tool':<26} {'docs out':>9} {'bytes cut':>11} {'damaged':>8} {'CPU-s':>8} {'CPU-s/GB':>9} "
           f"{'vs plain job':>12} {'peak/worker':>12}")
     for row in rows:
-        print(f"{row['tool']:<26} {row['documents_out']:>9,} {row['bytes_cut_or_removed']:>11,} "
-              f"{row['unique_lines_damaged']:>8,} {row['cpu_s']:>8.1f} {row['cpu_s_per_gb']:>9.0f} "
+        docs, cut, hurt = ("n/a" if row[k] is None else f"{row[k]:,}"
+                           for k in ("documents_out", "bytes_cut_or_removed", "unique_lines_damaged"))
+        print(f"{row['tool']:<26} {docs:>9} {cut:>11} {hurt:>8} {row['cpu_s']:>8.1f} {row['cpu_s_per_gb']:>9.0f} "
               f"{row['cpu_s'] / plain:>11.2f}x {row['peak_worker_mib']:>8} MiB")
     for mode in ("line", "sentences:3"):  # what the span pass adds to the same job, per GB
         if f"gristmill {mode}" in cpu:
