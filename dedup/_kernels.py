@@ -162,16 +162,15 @@ def fold_ranges(data, starts, ends, table, punctuation, digits, whitespace):
 
 
 @njit(cache=True)
-def normalize_ranges(data, starts, ends, kind, pool_starts, pool, table, punctuation, digits, whitespace, room):
+def normalize_ranges(data, starts, ends, kind, pool_starts, pool, widest, table, punctuation, digits, whitespace,
+                     room):
     """Steps 0-5 (``prefold`` then ``fold``) of the byte ranges ``starts[i]:ends[i]`` of ``data``, each
     on its own, in one pass where every character of the range folds on its own (``kind``, ``pool_starts``
     and ``pool`` from ``normalize.char_folds``): the normalised ranges one after the other, their offsets,
     and per range whether it needs its context (left empty, for the interpreter's ``prefold``). The output
-    gets ``room`` bytes; offsets of None when it needs more (a text whose case folding grows it)."""
+    gets ``room`` bytes, plus ``widest``, the most one character can write; offsets of None when it needs
+    more (a text whose case folding grows it)."""
     n = starts.shape[0]
-    widest = 5  # the most bytes one character's steps 0-5 can write: its folded form and a pending space
-    for cp in range(pool_starts.shape[0] - 1):
-        widest = max(widest, pool_starts[cp + 1] - pool_starts[cp] + 1)
     out = np.empty(room + widest, dtype=np.uint8)
     out_offsets = np.zeros(n + 1, dtype=np.int64)
     context = np.zeros(n, dtype=np.bool_)

@@ -206,15 +206,23 @@ def normalize_ranges(data: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     (left empty: the caller folds those through ``prefold``)."""
     from . import _kernels as K  # on first use: see dedup/_constants.py
 
+    folds = char_folds(options.ignorables, options.nfkc, options.casefold)
+    widest = _widest_fold(options.ignorables, options.nfkc, options.casefold)
     room = int((ends - starts).sum())
     while True:
-        out, offsets, context = K.normalize_ranges(data, starts, ends, *char_folds(options.ignorables, options.nfkc,
-                                                                                   options.casefold),
-                                                   class_table(), options.punctuation, options.digits,
-                                                   options.whitespace, room)
+        out, offsets, context = K.normalize_ranges(data, starts, ends, *folds, widest, class_table(),
+                                                   options.punctuation, options.digits, options.whitespace, room)
         if offsets is not None:
             return out, offsets, context
         room *= 2
+
+
+@functools.cache
+def _widest_fold(ignorables: bool, nfkc: bool, casefold: bool) -> int:
+    """The most UTF-8 bytes steps 0-5 write for one character: its longest folded form (or a 4-byte
+    character kept as it is) and a pending space before it; once per process, not per batch."""
+    starts = char_folds(ignorables, nfkc, casefold)[1]
+    return max(4, int(np.diff(starts).max())) + 1
 
 
 def is_blank(prefolded: str) -> bool:
