@@ -85,9 +85,12 @@ def _start(command: list[str], env: Mapping[str, str], sessions: list[int], atte
 
 
 def _wait_for_nodes(address: str, count: int, env: Mapping[str, str]) -> None:
-    """Until the cluster has ``count`` alive nodes (a worker registers shortly after its start returns)."""
+    """Until the cluster has ``count`` alive nodes (a worker registers shortly after its start returns) and
+    the scheduler's view holds their CPUs (one each) too: a node alive in the node table but not yet in
+    that view is one a soft node affinity may pass over for a random node (the likely cause of one loaded
+    run that put both service shards on one node)."""
     probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
-             "print(sum(1 for n in ray.nodes() if n['Alive']))")
+             "print(min(sum(1 for n in ray.nodes() if n['Alive']), int(ray.cluster_resources().get('CPU', 0))))")
     deadline = time.monotonic() + 120
     while True:
         result = subprocess.run([sys.executable, "-c", probe, address], env=dict(env), capture_output=True,
