@@ -85,12 +85,17 @@ def _start(command: list[str], env: Mapping[str, str], sessions: list[int], atte
 
 
 def _wait_for_nodes(address: str, count: int, env: Mapping[str, str]) -> None:
-    """Until the cluster has ``count`` alive nodes (a worker registers shortly after its start returns) and
-    the scheduler's view holds their CPUs (one each) too: a node alive in the node table but not yet in
-    that view is one a soft node affinity may pass over for a random node (the likely cause of one loaded
-    run that put both service shards on one node)."""
-    probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
-             "print(min(sum(1 for n in ray.nodes() if n['Alive']), int(ray.cluster_resources().get('CPU', 0))))")
+    """Until ``count`` nodes take work placed on them: a task with a soft affinity to each alive node runs
+    there. A node alive in the node table but not yet in the head raylet's view of the cluster is one a
+    soft affinity passes over (Ray's hybrid policy then prefers the head): the likely cause of two
+    fresh-clone runs here that put both service shards on one node."""
+    probe = ("import ray, sys\n"
+             "from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On\n"
+             "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
+             "where = ray.remote(num_cpus=0)(lambda: ray.get_runtime_context().get_node_id())\n"
+             "nodes = [n['NodeID'] for n in ray.nodes() if n['Alive']]\n"
+             "print(sum(ray.get(where.options(scheduling_strategy=On(n, soft=True)).remote(), timeout=60) == n "
+             "for n in nodes))")
     deadline = time.monotonic() + 120
     while True:
         result = subprocess.run([sys.executable, "-c", probe, address], env=dict(env), capture_output=True,
