@@ -16,6 +16,7 @@ cluster), starts in a session of its own, and is stopped by killing that session
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -106,6 +107,25 @@ def _wait_for_nodes(address: str, count: int, env: Mapping[str, str]) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{alive} of {count} nodes came up: {result.stderr[-2000:]}")
         time.sleep(1)
+
+
+def describe_nodes(cluster: PrivateNodes) -> str:
+    """Every node the cluster's GCS knows (dead ones too, with Ray's reason), which of this cluster's
+    sessions each is, and the load: what a failed placement assertion needs to say which node was which."""
+    probe = ("import json, ray, sys\n"
+             "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
+             "print(json.dumps([{k: n.get(k) for k in ('NodeID', 'Alive', 'NodeManagerPort', 'DeathReasonMessage')}\n"
+             "                  | {'head': 'node:__internal_head__' in n['Resources']} for n in ray.nodes()]))")
+    result = subprocess.run([sys.executable, "-c", probe, cluster.address], env=dict(cluster.env),
+                            capture_output=True, text=True, timeout=120)
+    sessions = {port: session for session, port in cluster.workers.items()}
+    try:
+        nodes = json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return f"ray.nodes() failed: {result.stderr[-2000:]}"
+    for node in nodes:
+        node["session"] = sessions.get(node["NodeManagerPort"], "head" if node["head"] else None)
+    return f"load {os.getloadavg()}; nodes {nodes}"
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ import s3fs
 from test_service import text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from private_nodes import PrivateNodes, private_nodes  # noqa: E402
+from private_nodes import PrivateNodes, describe_nodes, private_nodes  # noqa: E402
 from sessions import kill_session  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def test_a_killed_node_costs_only_503s_and_no_acknowledged_add(cluster: PrivateN
 
         placements = [json.loads(fs.cat_file(f"{bucket}/state/shard-{k}/placement.json")) for k in range(2)]
         on_workers = [k for k, p in enumerate(placements) if node_session(p["pid"]) in cluster.sessions[1:]]
-        assert on_workers, f"no shard on a worker node: {placements}"
+        assert on_workers, f"no shard on a worker node: {placements}; {describe_nodes(cluster)}"
         victim = on_workers[0]
         kill_session(node_session(placements[victim]["pid"]))  # the node (raylet, workers, disk) is gone
 
