@@ -87,9 +87,7 @@ def _start(command: list[str], env: Mapping[str, str], sessions: list[int], atte
 
 def _wait_for_nodes(address: str, count: int, env: Mapping[str, str]) -> None:
     """Until ``count`` nodes take work placed on them: a task with a soft affinity to each alive node runs
-    there. A node alive in the node table but not yet in the head raylet's view of the cluster is one a
-    soft affinity passes over (Ray's hybrid policy then prefers the head): the likely cause of two
-    fresh-clone runs here that put both service shards on one node."""
+    there (a node alive in the node table may not run work yet)."""
     probe = ("import ray, sys\n"
              "from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On\n"
              "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"

@@ -77,9 +77,10 @@ def test_a_killed_node_costs_only_503s_and_no_acknowledged_add(cluster: PrivateN
             assert status == 200 and all(r["added"] for r in answer["results"]), answer
 
         placements = [json.loads(fs.cat_file(f"{bucket}/state/shard-{k}/placement.json")) for k in range(2)]
-        on_workers = [k for k, p in enumerate(placements) if node_session(p["pid"]) in cluster.sessions[1:]]
-        assert on_workers, f"no shard on a worker node: {placements}; {describe_nodes(cluster)}"
-        victim = on_workers[0]
+        # shard k starts on the k-th alive node, worker nodes first: one shard on each worker node
+        assert sorted(node_session(p["pid"]) for p in placements) == sorted(cluster.sessions[1:]), \
+            f"shards not one per worker node: {placements}; {describe_nodes(cluster)}"
+        victim = 0
         kill_session(node_session(placements[victim]["pid"]))  # the node (raylet, workers, disk) is gone
 
         statuses, retry_after = [], set()

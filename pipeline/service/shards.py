@@ -212,7 +212,9 @@ class ShardedService:
         fs, _ = open_fs(state)
         self.durable = not is_local(fs)
         actor = ray.remote(Shard)
-        options = {"num_cpus": 0, "max_restarts": -1, "max_concurrency": 64, "namespace": NAMESPACE}
+        # one byte of Ray's logical memory, not nothing: Ray 2.60 places an actor that asks for no resource
+        # on a random node whatever its soft node affinity says (12 of 15 misplaced on 3 nodes; 0 of 15 so)
+        options = {"num_cpus": 0, "memory": 1, "max_restarts": -1, "max_concurrency": 64, "namespace": NAMESPACE}
         config = (params_to_dict(params) if params else None, index_url)
         state = self.state = state.rstrip("/") if self.durable else os.path.abspath(state)
         if self.durable:
