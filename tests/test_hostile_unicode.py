@@ -9,6 +9,7 @@ a 400 from the service); normalising a flood of combining marks costs time linea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -23,10 +24,12 @@ from test_pipeline_data import real_texts, write_jsonl
 from test_service import start_server
 
 from gristmill import dedup
-from gristmill.dedup.normalize import DEFAULT_NORMALIZE, is_blank, prefold
+from gristmill.dedup.normalize import DEFAULT_NORMALIZE, content_hashes, is_blank, prefold
 from gristmill.dedup.unicode_bounds import CGJ, DEFAULT_IGNORABLE_RANGES, MAX_NON_STARTERS, stream_safe
 from gristmill.pipeline.cli import main
 from gristmill.pipeline.format import Corpus
+from gristmill.pipeline.job.inputs import Doc
+from gristmill.pipeline.job.read import _visible
 from gristmill.pipeline.service.client import DedupClient, ServiceError
 
 IGNORABLES = [chr(cp) for lo, hi in DEFAULT_IGNORABLE_RANGES for cp in range(lo, hi + 1)]
@@ -70,6 +73,31 @@ def test_a_text_of_invisibles_and_white_space_is_blank(chars: list[str]) -> None
 def test_a_visible_character_is_not_blank(text: str) -> None:
     assert not is_blank(prefold([text], DEFAULT_NORMALIZE)[0])
 
+
+
+BLANKS = st.lists(st.sampled_from([*IGNORABLES, " ", "\t", "\n", "\u3000", "\u00a0", "\u2028", "\x1c"]), max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=st.lists(BLANKS.map("".join) | st.text(max_size=60) | st.sampled_from(real_texts(5)), min_size=1,
+                      max_size=12),
+       whitespace=st.booleans(), punctuation=st.booleans())
+def test_the_read_stage_rejects_blank_texts_and_hashes_the_rest_as_the_library(texts: list[str], whitespace: bool,
+                                                                                punctuation: bool) -> None:
+    """The job's read stage (compiled steps 0-2, blanks found from the folded lengths) against the
+    interpreter: the same texts rejected as ``empty``, the same steps 0-2 bytes and content hashes."""
+    options = dataclasses.replace(DEFAULT_NORMALIZE, whitespace=whitespace, punctuation=punctuation)
+    batch = [(Doc(None, t, "in.jsonl", None, None, None, f"line {i + 1}"), "in.jsonl") for i, t in enumerate(texts)]
+    rejects: list = []
+    kept, prefolded, hashes = _visible(batch, options, rejects)
+    reference = prefold(texts, options)
+    blank = [i for i, t in enumerate(reference) if is_blank(t)]
+    assert [r.position for r, _ in rejects] == [f"line {i + 1}" for i in blank]
+    assert {r.kind for r, _ in rejects} <= {"empty"}
+    visible = [i for i in range(len(texts)) if i not in blank]
+    assert [doc.text for doc, _ in kept] == [texts[i] for i in visible]
+    assert prefolded.to_pylist() == [reference[i] for i in visible]
+    assert hashes == content_hashes([texts[i] for i in visible], options)
 
 def ref_stream_safe(text: str) -> str:
     """UAX #15 section 13's algorithm, character by character, straight from the text of the standard."""

@@ -113,11 +113,11 @@ def _read_split_now(job: Job, split: Split) -> dict[str, Any]:
     with job.work.table_writer(DOCS.file(split_index), DOC_SCHEMA) as writer:
         number = 0  # batches written: batch ``number`` is row group ``number`` of the documents file
         for batch in _document_batches(job, split, rejects):
-            batch, prefolded = _visible(batch, hasher.normalize, rejects)
+            batch, prefolded, hashes = _visible(batch, hasher.normalize, rejects)
             if not batch:
                 continue
             check_split_rows(ordinal + len(batch), f"split {split_index} ({split.pieces[0].file.url}, ...)")
-            table, signatures = _document_table(split_index, ordinal, batch, prefolded, hasher, seen,
+            table, signatures = _document_table(split_index, ordinal, batch, prefolded, hashes, hasher, seen,
                                                 job.preference.keys)
             writer.write_table(table, row_group_size=table.num_rows)
             extras.write_batch(job.work, split_index, number, extras.batch_table([d for d, _ in batch], columns))
@@ -178,51 +178,54 @@ def _held_bytes(doc: Doc) -> int:
 
 
 def _visible(batch: list[tuple[Doc, str]], options: Any,
-             rejects: list[tuple[Reject, str]]) -> tuple[list[tuple[Doc, str]], list[str]]:
+             rejects: list[tuple[Reject, str]]) -> tuple[list[tuple[Doc, str]], pa.LargeStringArray, list[str]]:
     """The batch without the documents that normalise to nothing (only white space and invisible
-    characters: ``gristmill.dedup.normalize.is_blank``), each rejected as ``empty``; and the kept documents'
-    texts after normalisation steps 0-2 (``prefold``)."""
-    from gristmill.dedup.normalize import is_blank, prefold
+    characters: ``gristmill.dedup.normalize.is_blank``), each rejected as ``empty``; the kept documents'
+    texts after normalisation steps 0-2 (compiled: ``prefold_batch``) and their content hashes."""
+    from gristmill.dedup.normalize import fold_prepared, hashes_of_folded, is_blank, prefold_batch
 
-    prefolded = prefold([d.text for d, _ in batch], options)
-    kept: list[tuple[Doc, str]] = []
-    kept_prefolded: list[str] = []
-    for (doc, origin), folded in zip(batch, prefolded, strict=True):
-        if is_blank(folded):
-            rejects.append((Reject(doc.source, doc.position, "empty",
-                                   "no text once normalised: only white space and invisible characters",
-                                   len(doc.text.encode("utf-8"))), origin))
-        else:
-            kept.append((doc, origin))
-            kept_prefolded.append(folded)
-    return kept, kept_prefolded
+    data, offsets = prefold_batch(pa.array([d.text for d, _ in batch], pa.large_string()), options)
+    prefolded = pa.LargeStringArray.from_buffers(len(batch), pa.py_buffer(offsets), pa.py_buffer(data))
+    folded, folded_offsets = fold_prepared(data, offsets, options)
+    hashes = hashes_of_folded(folded, folded_offsets)
+    # a blank text folds to nothing when runs of white space are collapsed; then only those need a look
+    maybe_blank = np.flatnonzero(np.diff(folded_offsets) == 0) if options.whitespace else range(len(batch))
+    blank = {int(i) for i in maybe_blank if is_blank(prefolded[int(i)].as_py())}
+    if not blank:
+        return batch, prefolded, hashes
+    for i in sorted(blank):
+        doc, origin = batch[i]
+        rejects.append((Reject(doc.source, doc.position, "empty",
+                               "no text once normalised: only white space and invisible characters",
+                               len(doc.text.encode("utf-8"))), origin))
+    kept = [i for i in range(len(batch)) if i not in blank]
+    return [batch[i] for i in kept], prefolded.take(pa.array(kept, pa.int64())), [hashes[i] for i in kept]
 
 
-def _document_table(split_index: int, first: int, batch: list[tuple[Doc, str]], prefolded: list[str],
-                    hasher: Any, seen: set[str],
+def _document_table(split_index: int, first: int, batch: list[tuple[Doc, str]], prefolded: pa.LargeStringArray,
+                    hashes: list[str], hasher: Any, seen: set[str],
                     preference: Callable[[list[Doc]], np.ndarray]) -> tuple[pa.Table, pa.Table]:
-    """One batch (and its texts after ``prefold``) as rows of the split's documents file (keys from ``first`` on, content hashes, the
-    survivor policy's key of each document by ``preference``), and the MinHash signature of each
-    content hash not in ``seen`` (then added to it).
+    """One batch (its texts after ``prefold`` and content hashes: ``_visible``) as rows of the split's
+    documents file (keys from ``first`` on, the survivor policy's key of each document by
+    ``preference``), and the MinHash signature of each content hash not in ``seen`` (then added to it).
 
     Signing here, from the batch normalised for the content hash, spares the sign stage a second read
     and normalisation of every text. Equal content hashes mean equal normalised texts, hence equal
     token sequences and signatures, so one signature per hash serves every exact copy.
     """
-    from gristmill.dedup.normalize import fold_prepared, hashes_of_folded, utf8_batch
+    from gristmill.dedup.normalize import utf8_buffers
 
     docs = [d for d, _ in batch]
     texts = [d.text for d in docs]
-    data, offsets = utf8_batch(prefolded)
-    hashes = hashes_of_folded(*fold_prepared(data, offsets, hasher.normalize))
     new = []
     for i, content_hash in enumerate(hashes):
         if content_hash not in seen:
             seen.add(content_hash)
             new.append(i)
     if len(new) < len(hashes):
-        data, offsets = utf8_batch([prefolded[i] for i in new])
-    signatures = hasher.signatures_prepared(data, offsets)[0] if new else np.zeros((0, hasher.num_perm), np.uint64)
+        prefolded = prefolded.take(pa.array(new, pa.int64()))
+    signatures = (hasher.signatures_prepared(*utf8_buffers(prefolded))[0] if new
+                  else np.zeros((0, hasher.num_perm), np.uint64))
     keys = (np.int64(split_index) << np.int64(KEY_BITS)) + np.arange(first, first + len(docs), dtype=np.int64)
     table = pa.table({
         "key": pa.array(keys, pa.int64()), "id": [d.id for d in docs], "text": texts,
