@@ -20,9 +20,9 @@ it as ``empty`` and the service refuses it, so a text of invisible characters is
 Steps 1-2 use CPython's C implementations; steps 3-5 run compiled over the UTF-8 bytes of a whole
 batch with a code point class table built once per process from ``unicodedata`` (so the result
 follows the Unicode version of the running Python). ``prefold_batch`` (the job's read stage) and
-``normalize_batch`` (the span pass's) run steps 0-2 compiled too, from a per-code-point table, for every text whose characters NFKC
-cannot join to their neighbours (``char_folds``), and hand the rest to CPython's: the same bytes,
-tested against every code point and with hypothesis.
+``normalize_batch`` (the span pass's) run steps 0-2 compiled too, from a per-code-point table, for
+every text whose characters NFKC cannot join to their neighbours (``char_folds``), and hand the rest
+to CPython's: the same bytes, tested against every code point and with hypothesis.
 """
 
 from __future__ import annotations
