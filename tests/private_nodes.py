@@ -31,6 +31,8 @@ from pathlib import Path
 
 from sessions import kill_session
 
+from gristmill.pipeline.service.shards import HEAD_RESOURCE
+
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 # `ray start` for a worker node with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (tests/conftest.py: it keeps
 # every Ray address on loopback) refuses to join a head; this lets it join and keeps its addresses on
@@ -40,6 +42,7 @@ JOIN = [sys.executable, "-c", "import sys; import ray._private.ray_constants as 
         "services.resolve_ip_for_localhost = lambda host: host; from ray.scripts.scripts import main; "
         "sys.argv[0] = 'ray'; main()"]
 ADDRESS_FILE = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+NODE_FIELDS = ("NodeID", "Alive", "NodeManagerPort", "DeathReasonMessage")  # of ray.nodes(), for _nodes
 
 
 def free_port() -> int:
@@ -85,42 +88,41 @@ def _start(command: list[str], env: Mapping[str, str], sessions: list[int], atte
         kill_session(sessions.pop())
 
 
-def _wait_for_nodes(address: str, count: int, env: Mapping[str, str]) -> None:
-    """Until ``count`` nodes take work placed on them: a task with a soft affinity to each alive node runs
-    there (a node alive in the node table may not run work yet)."""
-    probe = ("import ray, sys\n"
-             "from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On\n"
+def _nodes(address: str, env: Mapping[str, str]) -> tuple[list[dict], str]:
+    """Every node the cluster's GCS knows, dead ones too (Ray's fields in ``NODE_FIELDS`` and whether it
+    is the head), asked by a driver of its own; or no nodes and why."""
+    probe = ("import json, ray, sys\n"
              "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
-             "where = ray.remote(num_cpus=0)(lambda: ray.get_runtime_context().get_node_id())\n"
-             "nodes = [n['NodeID'] for n in ray.nodes() if n['Alive']]\n"
-             "print(sum(ray.get(where.options(scheduling_strategy=On(n, soft=True)).remote(), timeout=60) == n "
-             "for n in nodes))")
+             f"print(json.dumps([{{k: n.get(k) for k in {NODE_FIELDS!r}}} | {{'head': {HEAD_RESOURCE!r} in n['Resources']}}"
+             " for n in ray.nodes()]))")
+    result = subprocess.run([sys.executable, "-c", probe, address], env=dict(env), capture_output=True, text=True,
+                            timeout=120)
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1]), ""
+    except (IndexError, ValueError):
+        return [], result.stderr[-2000:]
+
+
+def _wait_for_nodes(address: str, count: int, env: Mapping[str, str]) -> None:
+    """Until the cluster has ``count`` alive nodes (a worker registers shortly after its start returns)."""
     deadline = time.monotonic() + 120
     while True:
-        result = subprocess.run([sys.executable, "-c", probe, address], env=dict(env), capture_output=True,
-                                text=True, timeout=120)
-        alive = int(result.stdout.strip().splitlines()[-1]) if result.returncode == 0 and result.stdout.strip() else 0
+        nodes, error = _nodes(address, env)
+        alive = sum(node["Alive"] for node in nodes)
         if alive >= count:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{alive} of {count} nodes came up: {result.stderr[-2000:]}")
+            raise RuntimeError(f"{alive} of {count} nodes came up: {error}")
         time.sleep(1)
 
 
 def describe_nodes(cluster: PrivateNodes) -> str:
     """Every node the cluster's GCS knows (dead ones too, with Ray's reason), which of this cluster's
     sessions each is, and the load: what a failed placement assertion needs to say which node was which."""
-    probe = ("import json, ray, sys\n"
-             "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False)\n"
-             "print(json.dumps([{k: n.get(k) for k in ('NodeID', 'Alive', 'NodeManagerPort', 'DeathReasonMessage')}\n"
-             "                  | {'head': 'node:__internal_head__' in n['Resources']} for n in ray.nodes()]))")
-    result = subprocess.run([sys.executable, "-c", probe, cluster.address], env=dict(cluster.env),
-                            capture_output=True, text=True, timeout=120)
+    nodes, error = _nodes(cluster.address, cluster.env)
+    if not nodes:
+        return f"ray.nodes() failed: {error}"
     sessions = {port: session for session, port in cluster.workers.items()}
-    try:
-        nodes = json.loads(result.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        return f"ray.nodes() failed: {result.stderr[-2000:]}"
     for node in nodes:
         node["session"] = sessions.get(node["NodeManagerPort"], "head" if node["head"] else None)
     return f"load {os.getloadavg()}; nodes {nodes}"
